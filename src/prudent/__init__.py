@@ -1,0 +1,33 @@
+"""prudent: common-sense guardrails for training ML models in the cloud.
+
+Five lines around your own loop::
+
+    run = prudent.init(name="digits", config={"lr": 1e-3, "epochs": 5})
+    run.attach(model=model, optimizer=opt)
+    with run:
+        for epoch in run.epochs(run.config["epochs"]):
+            for x, y in run.batches(loader):
+                ...; run.backward(loss); opt.step(); opt.zero_grad(); run.step(loss=loss)
+            run.log(val_acc=evaluate(model))
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "Component",
+    "ConfigError",
+    "Event",
+    "ExitCode",
+    "PrudentError",
+    "Run",
+    "StopRun",
+    "__version__",
+    "init",
+]
+
+__version__ = "0.1.0"
+
+from prudent.errors import ConfigError, ExitCode, PrudentError, StopRun
+from prudent.events import Component, Event
+from prudent.run import Run
+from prudent.session import init

@@ -1,0 +1,170 @@
+"""The ``prudent`` command line. Bad input: one line on stderr naming the fix, exit code 2."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from datetime import datetime, timedelta
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from prudent.config import load_settings
+from prudent.errors import ConfigError, ExitCode, PrudentError
+from prudent.hparams import parse_set_args
+from prudent.store import Store
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Common-sense guardrails for training ML models in the cloud.")
+
+ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default ./prudent.yaml).")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def run(
+    command: Optional[list[str]] = typer.Argument(None, help="The training command, after --."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="Continue (or name) this run."),
+    name: Optional[str] = typer.Option(None, "--name", help="A human name for the run."),
+    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a hyperparameter: "
+                                             "--set lr=0.01 (YAML value); repeatable."),
+    config: Optional[str] = ConfigOption,
+) -> None:
+    """Supervise a training script: record it, pass --set overrides, forward signals."""
+    from prudent.supervisor import Supervisor
+
+    overrides = parse_set_args(set_ or [])
+    settings = load_settings(config)
+    supervisor = Supervisor(command or [], settings, run_id=run_id, name=name,
+                            overrides=overrides, config_path=config)
+    raise typer.Exit(supervisor.run())
+
+
+@app.command()
+def runs(
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many of the newest runs."),
+    config: Optional[str] = ConfigOption,
+) -> None:
+    """List runs, newest first."""
+    store = _open_store(config)
+    rows = [_summary(store, r) for r in store.list_runs(limit)]
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("status", "stop reason", "duration", "steps", "restarts", "cost $",
+                  "last metrics")
+    table.columns[-1].overflow = "fold"
+    table.add_column("id", no_wrap=True)
+    for r in rows:
+        table.add_row(r["status"], r["stop_reason"] or "", _duration(r["duration_s"]),
+                      str(r["step"]), str(r["restarts"]), f"{r['cost_usd']:.2f}",
+                      _metrics_text(r["metrics"]), r["id"])
+    Console(width=max(Console().width, 120)).print(table)
+
+
+@app.command()
+def show(
+    run_ref: str = typer.Argument(..., metavar="RUN", help="Run id, a unique prefix, or 'latest'."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    config: Optional[str] = ConfigOption,
+) -> None:
+    """Everything about one run: status, config, last metrics, events."""
+    store = _open_store(config)
+    run = store.get_run(resolve_run(store, run_ref))
+    assert run is not None
+    detail = _summary(store, run)
+    detail["events"] = [{k: e[k] for k in ("step", "kind", "name", "message", "payload", "wall")}
+                        for e in store.events(run["id"])]
+    if as_json:
+        typer.echo(json.dumps(detail, indent=2))
+        return
+    _print_detail(detail)
+
+
+def resolve_run(store: Store, ref: str) -> str:
+    """An exact id, ``latest``, or a unique id prefix -> the run id."""
+    if ref in ("latest", "last"):
+        newest = store.list_runs(1)
+        if not newest:
+            raise ConfigError("there are no runs yet: start one with prudent run -- python train.py")
+        return str(newest[0]["id"])
+    if store.get_run(ref) is not None:
+        return ref
+    matches = store.find_run_ids(ref)
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ConfigError(f"no run {ref!r} in {store.url}: see `prudent runs` for the ids")
+    raise ConfigError(f"run {ref!r} is ambiguous ({', '.join(sorted(matches)[:5])}): "
+                      "give more of the id")
+
+
+def _open_store(config: str | None) -> Store:
+    return Store.open(load_settings(config).store)
+
+
+def _summary(store: Store, run: dict[str, Any]) -> dict[str, Any]:
+    ended = run["ended_at"] or (time.time() if run["status"] == "running" else None)
+    return {
+        "id": run["id"], "name": run["name"], "status": run["status"],
+        "stop_reason": run["stop_reason"], "config": run["config"],
+        "metrics": store.last_metrics(run["id"]), "restarts": run["restarts"],
+        "cost_usd": run["cost_usd"], "step": run["step"], "epoch": run["epoch"],
+        "host": run["host"], "command": run["command"], "exit_code": run["exit_code"],
+        "started_at": run["started_at"], "ended_at": run["ended_at"],
+        "duration_s": round(ended - run["started_at"], 3) if ended else None,
+    }
+
+
+def _print_detail(d: dict[str, Any]) -> None:
+    console = Console()
+    reason = f" ({d['stop_reason']})" if d["stop_reason"] else ""
+    console.print(f"[bold]{d['id']}[/bold]  {d['name']}  {d['status']}{reason}")
+    console.print(f"host {d['host']}  started {_when(d['started_at'])}  "
+                  f"duration {_duration(d['duration_s'])}  steps {d['step']}  "
+                  f"restarts {d['restarts']}  cost ${d['cost_usd']:.2f}  exit {d['exit_code']}")
+    console.print(f"command: {d['command']}", markup=False)
+    console.print(f"config: {json.dumps(d['config'])}", markup=False)
+    console.print(f"metrics: {_metrics_text(d['metrics'], limit=None)}", markup=False)
+    table = Table("step", "kind", "name", "message", title="events")
+    for e in d["events"]:
+        table.add_row(str(e["step"]), e["kind"], e["name"], e["message"])
+    console.print(table)
+
+
+def _metrics_text(metrics: dict[str, float | None], limit: int | None = 3) -> str:
+    items = sorted(metrics.items())[:limit]
+    return " ".join(f"{k}={v:.4g}" if v is not None else f"{k}=nan" for k, v in items)
+
+
+def _when(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else ""
+
+
+def _duration(seconds: float | None) -> str:
+    return str(timedelta(seconds=round(seconds))) if seconds is not None else ""
+
+
+def main() -> None:
+    """Entry point: PrudentError becomes one line on stderr and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except PrudentError as exc:
+        print(f"prudent: error: {exc}", file=sys.stderr)
+        sys.exit(int(ExitCode.BAD_INPUT))
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # click's usage errors
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

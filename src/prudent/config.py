@@ -1,0 +1,132 @@
+"""prudent's own settings: the project file ``prudent.yaml``, environment variables, flags.
+
+The file is one section per component, each a pydantic model owned by that component and
+validated before anything runs::
+
+    store:   {home: .prudent, url: null, flush_interval_s: 0.5}
+    console: {mode: auto, interval_s: 10}
+    run:     {device: auto}
+
+Precedence, lowest first: model defaults, ``prudent.yaml``, ``PRUDENT_*`` variables, CLI flags.
+The user's hyperparameters are not here: they are ``run.config`` (see :mod:`prudent.hparams`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from prudent.console import ConsoleSettings
+from prudent.errors import ConfigError
+from prudent.store import StoreSettings
+
+__all__ = ["ENV_SETTINGS", "ProjectSettings", "RunSettings", "load_settings"]
+
+SETTINGS_FILE = "prudent.yaml"
+
+
+class RunSettings(BaseModel):
+    """``run:`` in prudent.yaml: how the kernel itself behaves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
+                        description="run.device: auto picks cuda, then mps, then cpu.")
+    handle_signals: bool = Field(True, description="Turn SIGTERM into a clean stop with reason "
+                                 "'preempted' (only when the script has not set its own handler).")
+
+
+class ProjectSettings(BaseModel):
+    """The whole of prudent.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
+    run: RunSettings = Field(default_factory=RunSettings)
+
+
+# PRUDENT_* variable -> (section, key). Flags of the CLI map onto the same pairs.
+ENV_SETTINGS: dict[str, tuple[str, str]] = {
+    "PRUDENT_HOME": ("store", "home"),
+    "PRUDENT_STORE_URL": ("store", "url"),
+    "PRUDENT_CONSOLE": ("console", "mode"),
+    "PRUDENT_DEVICE": ("run", "device"),
+}
+
+
+def load_settings(path: str | os.PathLike[str] | None = None,
+                  environ: Mapping[str, str] | None = None,
+                  overrides: Mapping[tuple[str, str], Any] | None = None) -> ProjectSettings:
+    """Read, merge and validate settings; a problem raises :class:`ConfigError` naming the fix.
+
+    ``path`` defaults to ``$PRUDENT_CONFIG``, then ``./prudent.yaml`` if it exists.
+    """
+    environ = os.environ if environ is None else environ
+    source, data = _read_file(path or environ.get("PRUDENT_CONFIG") or None)
+    for var, (section, key) in ENV_SETTINGS.items():
+        if environ.get(var):
+            data.setdefault(section, {})[key] = environ[var]
+            source = source or var
+    for (section, key), value in (overrides or {}).items():
+        if value is not None:
+            data.setdefault(section, {})[key] = value
+    try:
+        return ProjectSettings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, source or "settings")) from None
+
+
+def _read_file(path: str | os.PathLike[str] | None) -> tuple[str | None, dict[str, Any]]:
+    if path is None:
+        if not Path(SETTINGS_FILE).is_file():
+            return None, {}
+        path = SETTINGS_FILE
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read settings file {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        return str(path), {}
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ConfigError(f"{path}: expected sections of key: value pairs, e.g. 'store: "
+                          "{home: .prudent}', got {data!r}")
+    return str(path), {k: dict(v) for k, v in data.items()}
+
+
+def describe_validation_error(exc: ValidationError, source: str) -> str:
+    """pydantic's errors as one line: the key, the value, what is allowed."""
+    return "; ".join(_describe_one(err, source) for err in exc.errors())
+
+
+def _describe_one(err: Mapping[str, Any], source: str) -> str:
+    loc = [str(part) for part in err["loc"]]
+    key = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        allowed = ", ".join(_allowed_keys(loc[:-1]))
+        what = "section" if len(loc) == 1 else "key"
+        return f"{source}: unknown {what} {key!r}; allowed: {allowed}"
+    value = err.get("input")
+    return f"{source}: {key}={value!r} is invalid: {err['msg']}"
+
+
+def _allowed_keys(parent: list[str]) -> list[str]:
+    model: type[BaseModel] = ProjectSettings
+    for part in parent:
+        annotation = model.model_fields[part].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
+

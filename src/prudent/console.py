@@ -1,0 +1,160 @@
+"""ConsoleReporter: what a person watching the run sees.
+
+On a terminal, a rich progress bar (epoch, step, steps/s, last loss, ETA); when output goes to a
+file or a pipe (CI, a cluster log), one plain line every ``interval_s`` seconds and at every
+``run.log``. It reads floats the store writer already converted, so it never syncs a device.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prudent.events import Component
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from prudent.run import Run
+
+__all__ = ["ConsoleReporter", "ConsoleSettings"]
+
+
+class ConsoleSettings(BaseModel):
+    """``console:`` in prudent.yaml (PRUDENT_CONSOLE overrides ``mode``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["auto", "rich", "plain", "off"] = Field(
+        "auto", description="auto: a progress bar on a terminal, plain lines otherwise.")
+    interval_s: float = Field(10.0, gt=0, description="Seconds between plain progress lines.")
+
+
+class ConsoleReporter(Component):
+    name = "console"
+    _REFRESH_S = 0.25
+
+    def __init__(self, settings: ConsoleSettings | None = None, stream: TextIO | None = None):
+        self.settings = settings or ConsoleSettings()
+        self.stream = stream or sys.stderr
+        mode = self.settings.mode
+        if mode == "auto":
+            mode = "rich" if self.stream.isatty() else "plain"
+        self.mode = mode
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._next_update = 0.0
+        self._rate = _Rate()
+
+    # events -------------------------------------------------------------------------------
+    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+        now = time.monotonic()
+        if now < self._next_update:
+            return
+        self._rate.add(now, run.state.step)
+        if self.mode == "rich":
+            self._update_bar(run)
+            self._next_update = now + self._REFRESH_S
+        else:
+            if self._next_update:  # not on the very first step
+                self._print(self._status_line(run))
+            self._next_update = now + self.settings.interval_s
+
+    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+        values = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
+        self._print(f"epoch {run.state.epoch + 1} step {run.state.step}: {values}", run)
+
+    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        elapsed = timedelta(seconds=round(time.time() - run.started_at))
+        how = status if stop_reason is None else f"{status} ({stop_reason})"
+        latest = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(run.latest.items()))
+        self._print(f"{how} after {elapsed}, {run.state.step} steps. {latest}".rstrip(), run)
+
+    # output -------------------------------------------------------------------------------
+    def _print(self, text: str, run: Run | None = None) -> None:
+        if self.mode == "off":
+            return
+        prefix = f"prudent | {run.id} | " if run is not None else "prudent | "
+        if self._progress is not None:
+            self._progress.console.print(prefix + text, markup=False, highlight=False)
+        else:
+            print(prefix + text if run is not None else text, file=self.stream, flush=True)
+
+    def _status_line(self, run: Run) -> str:
+        return f"prudent | {run.id} | " + " | ".join(self._fields(run))
+
+    def _fields(self, run: Run) -> list[str]:
+        state = run.state
+        epochs = f"/{state.num_epochs}" if state.num_epochs else ""
+        fields = [f"epoch {state.epoch + 1}{epochs}", f"step {state.step}"]
+        rate = self._rate.per_s
+        if rate:
+            fields.append(f"{rate:.1f} steps/s")
+        if "loss" in run.latest:
+            fields.append(f"loss {_fmt(run.latest['loss'])}")
+        eta = self._eta_s(run, rate)
+        if eta is not None:
+            fields.append(f"eta {timedelta(seconds=round(eta))}")
+        return fields
+
+    @staticmethod
+    def _eta_s(run: Run, rate: float | None) -> float | None:
+        state = run.state
+        if not (rate and state.num_epochs and state.batches_per_epoch):
+            return None
+        done = state.epoch * state.batches_per_epoch + state.batches_in_epoch
+        return max(0, state.num_epochs * state.batches_per_epoch - done) / rate
+
+    def _update_bar(self, run: Run) -> None:
+        if self._progress is None:
+            self._start_bar(run)
+        assert self._progress is not None
+        state = run.state
+        total = state.num_epochs * state.batches_per_epoch if (
+            state.num_epochs and state.batches_per_epoch) else None
+        done = state.epoch * (state.batches_per_epoch or 0) + state.batches_in_epoch
+        self._progress.update(self._task, total=total, completed=done if total else state.step,
+                              info=" | ".join(self._fields(run)))
+
+    def _start_bar(self, run: Run) -> None:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        self._progress = Progress(TextColumn(f"[bold]{run.id}"), BarColumn(),
+                                  TextColumn("{task.fields[info]}"),
+                                  console=Console(file=self.stream), transient=False)
+        self._task = self._progress.add_task(run.id, total=None, info="")
+        self._progress.start()
+
+
+class _Rate:
+    """Steps per second over the last few seconds."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self._samples: list[tuple[float, int]] = []
+
+    def add(self, now: float, step: int) -> None:
+        self._samples.append((now, step))
+        while len(self._samples) > 2 and now - self._samples[0][0] > self.window_s:
+            self._samples.pop(0)
+
+    @property
+    def per_s(self) -> float | None:
+        if len(self._samples) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._samples[0], self._samples[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "nan"
+    return f"{value:.4g}"

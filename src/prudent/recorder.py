@@ -1,0 +1,54 @@
+"""MetricsRecorder: the component that puts ``run.step`` / ``run.log`` metrics in the store.
+
+On the training thread it only appends references (tensors stay tensors, detached); every
+``every_steps`` steps or ``every_s`` seconds it hands the batch to the store writer, whose
+thread turns them into floats. So ``run.step(loss=loss)`` never waits for the device.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from prudent.events import Component
+
+if TYPE_CHECKING:
+    from prudent.run import Run
+
+__all__ = ["MetricsRecorder"]
+
+
+class MetricsRecorder(Component):
+    name = "metrics"
+
+    def __init__(self, every_steps: int = 100, every_s: float = 0.5) -> None:
+        self.every_steps = every_steps
+        self.every_s = every_s
+        self._pending: list[tuple[int, float, dict[str, Any]]] = []
+        self._next_handoff = time.monotonic() + every_s
+
+    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+        if not metrics:
+            return
+        self._pending.append((run.state.step, time.time(), _detached(metrics)))
+        if len(self._pending) >= self.every_steps or time.monotonic() >= self._next_handoff:
+            self._handoff(run)
+
+    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+        self._pending.append((run.state.step, time.time(), dict(metrics)))
+        self._handoff(run)
+
+    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+        self._handoff(run)
+        run.writer.flush()  # components after this one (the console's summary) see final values
+
+    def _handoff(self, run: Run) -> None:
+        if self._pending:
+            run.writer.put_metrics(run.id, self._pending)
+            self._pending = []
+        self._next_handoff = time.monotonic() + self.every_s
+
+
+def _detached(metrics: dict[str, Any]) -> dict[str, Any]:
+    # Keeping a tensor attached would keep its autograd graph (and activations) alive.
+    return {k: v.detach() if hasattr(v, "detach") else v for k, v in metrics.items()}

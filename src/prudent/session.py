@@ -1,0 +1,79 @@
+"""``prudent.init``: settings, hyperparameters, run id and store, wired into a :class:`Run`.
+
+A bad setting or ``--set`` key never starts a run: it prints one line naming the fix and
+exits with code 2 (or raises :class:`ConfigError` when ``exit_on_stop=False``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from prudent.config import ProjectSettings, load_settings
+from prudent.errors import ConfigError, ExitCode
+from prudent.events import Component
+from prudent.hparams import apply_overrides, overrides_from_env
+from prudent.run import ENV_RUN_ID, ENV_SUPERVISED, Run
+from prudent.store import Store
+from prudent.units import validate_run_id
+
+__all__ = ["init", "new_run_id"]
+
+ENV_RUN_NAME = "PRUDENT_RUN_NAME"
+
+
+def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
+         exit_on_stop: bool = True, settings: ProjectSettings | None = None,
+         components: Iterable[Component] | None = None, **objects: Any) -> Run:
+    """Start (or continue) a run and return it.
+
+    ``config`` is the user's hyperparameters, overridden by ``prudent run --set`` or the tuner;
+    ``objects`` (model=..., optimizer=...) are attached as with :meth:`Run.attach`.
+    """
+    try:
+        settings = settings or load_settings()
+        resolved = apply_overrides(config or {}, overrides_from_env())
+        run_id = validate_run_id(os.environ.get(ENV_RUN_ID) or new_run_id(name or _script_name()))
+    except ConfigError as exc:
+        if not exit_on_stop:
+            raise
+        print(f"prudent: error: {exc}", file=sys.stderr)
+        raise SystemExit(int(ExitCode.BAD_INPUT)) from None
+    name = os.environ.get(ENV_RUN_NAME) or name or _script_name()
+    store = Store.open(settings.store)
+    _register(store, run_id, name, resolved)
+    run = Run(run_id=run_id, name=name, config=resolved, settings=settings, store=store,
+              exit_on_stop=exit_on_stop, components=components)
+    run._start()
+    if objects:
+        run.attach(**objects)
+    return run
+
+
+def new_run_id(name: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()[:40] or "run"
+    return f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def _register(store: Store, run_id: str, name: str, config: dict[str, Any]) -> None:
+    fields = {"config": config, "host": socket.gethostname(), "pid": os.getpid()}
+    existing = store.get_run(run_id)
+    if existing is None:
+        store.create_run(run_id, name, command=shlex.join(sys.argv), **fields)
+        return
+    if not os.environ.get(ENV_SUPERVISED):  # the supervisor counts its own relaunches
+        store.count_restart(run_id)
+    store.update_run(run_id, name=name, status="running", stop_reason=None, ended_at=None,
+                     **fields)
+
+
+def _script_name() -> str:
+    return Path(sys.argv[0]).stem if sys.argv and sys.argv[0] not in ("", "-c") else "run"

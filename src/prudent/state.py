@@ -1,0 +1,31 @@
+"""The run's counters: what a checkpoint needs to know of where the loop is."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["RunState"]
+
+
+@dataclass
+class RunState:
+    """Counters the kernel advances; components read them, checkpoints save them.
+
+    ``step`` counts completed ``run.step()`` calls over the whole run; ``epoch`` is the epoch
+    in progress (0-based); ``batches_in_epoch`` is how many batches of it were consumed.
+    """
+
+    step: int = 0
+    epoch: int = 0
+    batches_in_epoch: int = 0
+    num_epochs: int | None = None
+    batches_per_epoch: int | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            if hasattr(self, key):
+                setattr(self, key, value)

@@ -1,0 +1,163 @@
+"""``prudent run``: launch the training script as a child, watch it, record how it ended.
+
+The child learns its run id, settings and ``--set`` overrides from the environment, so the
+script is unchanged. Output is inherited (a terminal stays a terminal, so progress bars
+work). SIGINT/SIGTERM/SIGHUP reach the child once each; a third signal kills it. If the child
+dies without closing its record (SIGKILL, OOM, a crash before ``prudent.init``), the
+supervisor closes it from the exit status, so ``prudent show`` never lies with "running".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from prudent.config import ProjectSettings
+from prudent.errors import ConfigError, ExitCode, reason_for_exit_code
+from prudent.hparams import ENV_OVERRIDES, dumps_overrides
+from prudent.run import ENV_RUN_ID, ENV_SUPERVISED
+from prudent.session import ENV_RUN_NAME, new_run_id
+from prudent.store import Store
+from prudent.units import validate_run_id
+
+__all__ = ["Supervisor"]
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_STOP_REASONS = {"preempted", "budget", "pruned", "policy", "interrupted"}
+
+
+class Supervisor:
+    def __init__(self, command: Sequence[str], settings: ProjectSettings, *,
+                 run_id: str | None = None, name: str | None = None,
+                 overrides: Mapping[str, Any] | None = None,
+                 config_path: str | None = None) -> None:
+        if not command:
+            raise ConfigError("no command to run: write it after '--', "
+                              "e.g. prudent run -- python train.py")
+        self.command = list(command)
+        self.settings = settings
+        self.name = name
+        self.run_id = validate_run_id(run_id) if run_id else new_run_id(name or _guess(command))
+        self.overrides = dict(overrides or {})
+        self.config_path = config_path
+        self._child: subprocess.Popen[bytes] | None = None
+        self._signals_seen = 0
+
+    def run(self) -> int:
+        """Launch, wait, record; returns the exit code the CLI should exit with."""
+        store = Store.open(self.settings.store)
+        try:
+            self._register(store)
+            code = self._launch_and_wait()
+            self._close_record(store, code)
+            return code if code >= 0 else 128 - code
+        finally:
+            store.close()
+
+    def _register(self, store: Store) -> None:
+        if store.get_run(self.run_id) is None:
+            store.create_run(self.run_id, self.name or _guess(self.command),
+                             command=shlex.join(self.command), host=socket.gethostname())
+        else:
+            store.count_restart(self.run_id)
+            _event(store, self.run_id, "relaunch", "prudent run continues this run")
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({ENV_RUN_ID: self.run_id, ENV_SUPERVISED: "1",
+                    ENV_OVERRIDES: dumps_overrides(self.overrides),
+                    "PRUDENT_HOME": str(Path(self.settings.store.home).resolve())})
+        if self.settings.store.url:
+            env["PRUDENT_STORE_URL"] = self.settings.store.url
+        if self.config_path:
+            env["PRUDENT_CONFIG"] = str(Path(self.config_path).resolve())
+        if self.name:
+            env[ENV_RUN_NAME] = self.name
+        return env
+
+    def _launch_and_wait(self) -> int:
+        try:
+            self._child = subprocess.Popen(self.command, env=self._child_env(),
+                                           start_new_session=True, preexec_fn=_die_with_parent)
+        except OSError as exc:
+            print(f"prudent: error: cannot start {self.command[0]!r}: {exc.strerror}",
+                  file=sys.stderr)
+            return 127
+        previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED}
+        try:
+            return self._child.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        assert self._child is not None
+        self._signals_seen += 1
+        if self._signals_seen >= 3:
+            print("prudent: third signal, killing the training process", file=sys.stderr)
+            self._child.kill()
+        else:
+            self._child.send_signal(signum)
+
+    def _close_record(self, store: Store, code: int) -> None:
+        import time
+
+        run = store.get_run(self.run_id)
+        if run is None or run["status"] != "running":
+            _event(store, self.run_id, "exit", f"process exited with code {code}", code=code)
+            return
+        status, reason, message = _verdict(code)
+        _event(store, self.run_id, "end", message, status=status, stop_reason=reason, code=code)
+        store.update_run(self.run_id, status=status, stop_reason=reason, ended_at=time.time(),
+                         exit_code=code)
+
+
+def _verdict(code: int) -> tuple[str, str | None, str]:
+    """Status, stop reason and message for a child that did not close its own record."""
+    if code < 0:
+        name = signal.Signals(-code).name
+        return "failed", "error", f"killed by {name} before prudent could record the end"
+    if code == ExitCode.COMPLETED:
+        return "completed", None, "process exited with code 0"
+    if code == ExitCode.BAD_INPUT:
+        return "failed", "error", "bad input: the run did not start (exit code 2)"
+    reason = reason_for_exit_code(code)
+    if reason in _STOP_REASONS:
+        return "stopped", reason, f"process exited with code {code}"
+    return "failed", "error", f"process exited with code {code}"
+
+
+def _event(store: Store, run_id: str, name: str, message: str, **payload: Any) -> None:
+    import json
+    import time
+
+    store.add_events([{"run_id": run_id, "step": _last_step(store, run_id), "kind": "supervisor",
+                       "name": name, "message": message, "payload": json.dumps(payload),
+                       "wall": time.time()}])
+
+
+def _last_step(store: Store, run_id: str) -> int:
+    run = store.get_run(run_id)
+    return int(run["step"] or 0) if run else 0
+
+
+def _guess(command: Sequence[str]) -> str:
+    scripts = [Path(a).stem for a in command if a.endswith(".py")]
+    return scripts[0] if scripts else Path(command[0]).name
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the supervisor itself is killed (no orphans)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass

@@ -1,0 +1,221 @@
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import prudent
+from prudent.config import ProjectSettings
+from prudent.events import Component, Event
+from prudent.recorder import MetricsRecorder
+from prudent.store import Store
+from prudent.testing import tiny_loader, tiny_model
+
+
+class EventLog(Component):
+    """Records which events fired, in order."""
+
+    name = "event_log"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_start(self, run: Any) -> None:
+        self.seen.append("start")
+
+    def on_attach(self, run: Any, objects: Any) -> None:
+        self.seen.append("attach")
+
+    def on_batch_loaded(self, run: Any, batch: Any, wait_s: float) -> None:
+        self.seen.append("batch_loaded")
+
+    def on_after_backward(self, run: Any, loss: Any) -> None:
+        self.seen.append("after_backward")
+
+    def on_step_end(self, run: Any, metrics: Any) -> None:
+        self.seen.append("step_end")
+
+    def on_log(self, run: Any, metrics: Any) -> None:
+        self.seen.append("log")
+
+    def on_epoch_end(self, run: Any, epoch: int) -> None:
+        self.seen.append(f"epoch_end:{epoch}")
+
+    def on_stop_requested(self, run: Any, reason: str, message: str) -> None:
+        self.seen.append(f"stop_requested:{reason}")
+
+    def on_end(self, run: Any, status: str, stop_reason: str | None) -> None:
+        self.seen.append(f"end:{status}")
+
+
+class StopAt(Component):
+    name = "stop_at"
+
+    def __init__(self, step: int, reason: str = "rule:test") -> None:
+        self.step, self.reason = step, reason
+
+    def on_step_end(self, run: Any, metrics: Any) -> None:
+        if run.state.step == self.step:
+            run.request_stop(self.reason, f"stopping at step {self.step}")
+
+
+def train(run: prudent.Run, epochs: int = 2, loader: Any = None) -> None:
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run.attach(model=model, optimizer=opt)
+    with run:
+        for _ in run.epochs(epochs):
+            for x, y in run.batches(loader or tiny_loader()):
+                loss = F.cross_entropy(model(x), y)
+                run.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                run.step(loss=loss)
+            run.log(val_acc=0.5)
+
+
+def test_completed_run_records_status_metrics_and_counters(settings: ProjectSettings) -> None:
+    run = prudent.init(name="unit", config={"lr": 0.1}, settings=settings, exit_on_stop=False)
+    train(run)
+    assert (run.status, run.stop_reason, run.state.step, run.state.epoch) == ("completed", None, 16, 2)
+    store = Store.open(settings.store)
+    record = store.get_run(run.id)
+    assert record is not None and record["status"] == "completed" and record["step"] == 16
+    assert len(store.metric_series(run.id, "loss")) == 16
+    assert store.last_metrics(run.id)["val_acc"] == 0.5
+    assert [e["name"] for e in store.events(run.id)] == ["start", "end"]
+    store.close()
+
+
+def test_events_fire_in_loop_order(settings: ProjectSettings) -> None:
+    log = EventLog()
+    run = prudent.init(name="order", settings=settings, exit_on_stop=False, components=[log])
+    train(run, epochs=1, loader=tiny_loader(num_samples=16, batch_size=8))
+    per_batch = ["batch_loaded", "after_backward", "step_end"]
+    assert log.seen == ["start", "attach", *per_batch, *per_batch, "log", "epoch_end:0", "end:completed"]
+
+
+def test_component_is_only_called_for_events_it_overrides(settings: ProjectSettings) -> None:
+    run = prudent.init(name="dispatch", settings=settings, exit_on_stop=False, components=[StopAt(99)])
+    assert run._handlers[Event.STEP_END] and not run._handlers[Event.LOG]
+    run._finish("completed", None)
+
+
+def test_stop_request_unwinds_to_with_block_without_exiting(settings: ProjectSettings) -> None:
+    log = EventLog()
+    run = prudent.init(name="stop", settings=settings, exit_on_stop=False,
+                       components=[log, StopAt(3, "budget")])
+    train(run)
+    assert (run.status, run.stop_reason, run.state.step) == ("stopped", "budget", 3)
+    assert log.seen.count("stop_requested:budget") == 1 and log.seen[-1] == "end:stopped"
+    store = Store.open(settings.store)
+    record = store.get_run(run.id)
+    assert record is not None and record["stop_reason"] == "budget" and record["exit_code"] == 4
+    store.close()
+
+
+@pytest.mark.parametrize(("reason", "code"), [("rule:non_finite", 3), ("budget", 4),
+                                              ("pruned", 5), ("policy", 6), ("preempted", 75)])
+def test_stop_exits_process_with_documented_code(settings: ProjectSettings, reason: str,
+                                                 code: int) -> None:
+    run = prudent.init(name="exit", settings=settings, components=[StopAt(2, reason)])
+    with pytest.raises(SystemExit) as exited:
+        train(run)
+    assert exited.value.code == code
+
+
+def test_exception_marks_run_failed_with_trimmed_traceback(settings: ProjectSettings) -> None:
+    run = prudent.init(name="boom", settings=settings, exit_on_stop=False)
+    with pytest.raises(ZeroDivisionError), run:
+        for _ in run.epochs(1):
+            run.step(loss=1.0)
+            _ = 1 / 0
+    assert (run.status, run.stop_reason) == ("failed", "error")
+    store = Store.open(settings.store)
+    end = store.events(run.id)[-1]
+    assert end["message"] == "ZeroDivisionError: division by zero"
+    assert "test_run.py" in end["payload"]["traceback"]
+    assert f"{os.sep}prudent{os.sep}run.py" not in end["payload"]["traceback"]
+    store.close()
+
+
+def test_keyboard_interrupt_is_recorded_as_interrupted(settings: ProjectSettings) -> None:
+    run = prudent.init(name="ctrl-c", settings=settings, exit_on_stop=False)
+    with pytest.raises(KeyboardInterrupt), run:
+        raise KeyboardInterrupt
+    assert (run.status, run.stop_reason) == ("stopped", "interrupted")
+
+
+def test_sigterm_becomes_preempted_stop_at_next_step(settings: ProjectSettings) -> None:
+    run = prudent.init(name="sigterm", settings=settings, exit_on_stop=False)
+    with run:
+        for _ in run.epochs(1):
+            run.step(loss=1.0)
+            os.kill(os.getpid(), signal.SIGTERM)
+            run.step(loss=1.0)
+            pytest.fail("the step after SIGTERM must raise StopRun")
+    assert (run.stop_reason, run.state.step) == ("preempted", 2)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handler removed at the end
+
+
+def test_epochs_start_at_restored_epoch(settings: ProjectSettings) -> None:
+    run = prudent.init(name="resume", settings=settings, exit_on_stop=False)
+    run.state.epoch = 2
+    with run:
+        assert list(run.epochs(4)) == [2, 3]
+
+
+def test_step_keeps_tensors_detached_and_converts_them_later(settings: ProjectSettings) -> None:
+    recorder = MetricsRecorder(every_steps=1000, every_s=1000)
+    run = prudent.init(name="lazy", settings=settings, exit_on_stop=False, components=[recorder])
+    weight = torch.ones(3, requires_grad=True)
+    with run:
+        loss = (weight * 2).sum()
+        run.step(loss=loss, lr=0.1)
+        pending = recorder._pending[0][2]
+        assert isinstance(pending["loss"], torch.Tensor) and not pending["loss"].requires_grad
+    assert run.latest["loss"] == 6.0  # converted at the end, by the writer
+
+
+def test_log_values_are_floats_and_visible_at_once(settings: ProjectSettings) -> None:
+    run = prudent.init(name="log", settings=settings, exit_on_stop=False)
+    with run:
+        run.log(val_acc=torch.tensor(0.75), epoch_time=3)
+        assert run.latest["val_acc"] == 0.75 and isinstance(run.latest["epoch_time"], float)
+
+
+def test_backward_scales_loss_with_an_enabled_grad_scaler(settings: ProjectSettings) -> None:
+    run = prudent.init(name="amp", settings=settings, exit_on_stop=False)
+    weight = torch.ones(1, requires_grad=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    run.attach(weight=weight, scaler=scaler)
+    with run:
+        run.backward((weight * 3).sum())
+    assert weight.grad is not None and weight.grad.item() == 24.0
+
+
+def test_device_is_cpu_in_smoke_mode(settings: ProjectSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRUDENT_SMOKE", "1")
+    run = prudent.init(name="smoke", settings=settings, exit_on_stop=False)
+    with run:
+        assert run.is_smoke and run.device == torch.device("cpu")
+
+
+def test_set_overrides_reach_config_and_unknown_key_stops_before_start(
+        settings: ProjectSettings, monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    monkeypatch.setenv("PRUDENT_SET", '{"lr": "1e-3"}')
+    run = prudent.init(name="cfg", config={"lr": 0.1, "epochs": 2}, settings=settings,
+                       exit_on_stop=False)
+    run._finish("completed", None)
+    assert run.config == {"lr": 0.001, "epochs": 2}
+    monkeypatch.setenv("PRUDENT_SET", '{"lrr": 0.5}')
+    with pytest.raises(SystemExit) as exited:
+        prudent.init(name="typo", config={"lr": 0.1}, settings=settings)
+    assert exited.value.code == 2
+    with pytest.raises(prudent.ConfigError, match="known keys: lr"):
+        prudent.init(name="typo", config={"lr": 0.1}, settings=settings, exit_on_stop=False)
