@@ -151,7 +151,7 @@ def _duration(seconds: float | None) -> str:
 def main() -> None:
     """Entry point: PrudentError becomes one line on stderr and exit code 2."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # typer.Exit(n) comes back as n here
     except PrudentError as exc:
         print(f"prudent: error: {exc}", file=sys.stderr)
         sys.exit(int(ExitCode.BAD_INPUT))
@@ -164,6 +164,7 @@ def main() -> None:
             exc.show()
             sys.exit(exc.exit_code)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,13 @@ The user's hyperparameters are not here: they are ``run.config`` (see :mod:`prud
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from prudent.console import ConsoleSettings
 from prudent.errors import ConfigError
@@ -35,10 +36,16 @@ class RunSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    device: str = Field("auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
-                        description="run.device: auto picks cuda, then mps, then cpu.")
+    device: str = Field("auto", description="run.device: auto picks cuda, then mps, then cpu.")
     handle_signals: bool = Field(True, description="Turn SIGTERM into a clean stop with reason "
                                  "'preempted' (only when the script has not set its own handler).")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+            raise ValueError("allowed: auto, cpu, mps, cuda, cuda:N")
+        return value
 
 
 class ProjectSettings(BaseModel):
@@ -69,17 +76,19 @@ def load_settings(path: str | os.PathLike[str] | None = None,
     """
     environ = os.environ if environ is None else environ
     source, data = _read_file(path or environ.get("PRUDENT_CONFIG") or None)
+    sources: dict[tuple[str, ...], str] = {}
     for var, (section, key) in ENV_SETTINGS.items():
         if environ.get(var):
             data.setdefault(section, {})[key] = environ[var]
-            source = source or var
+            sources[(section, key)] = var
     for (section, key), value in (overrides or {}).items():
         if value is not None:
             data.setdefault(section, {})[key] = value
+            sources[(section, key)] = "command line"
     try:
         return ProjectSettings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, source or "settings")) from None
+        raise ConfigError(describe_validation_error(exc, source or "settings", sources)) from None
 
 
 def _read_file(path: str | os.PathLike[str] | None) -> tuple[str | None, dict[str, Any]]:
@@ -105,9 +114,12 @@ def _read_file(path: str | os.PathLike[str] | None) -> tuple[str | None, dict[st
     return str(path), {k: dict(v) for k, v in data.items()}
 
 
-def describe_validation_error(exc: ValidationError, source: str) -> str:
-    """pydantic's errors as one line: the key, the value, what is allowed."""
-    return "; ".join(_describe_one(err, source) for err in exc.errors())
+def describe_validation_error(exc: ValidationError, source: str,
+                              sources: Mapping[tuple[str, ...], str] | None = None) -> str:
+    """pydantic's errors as one line: where from, the key, the value, what is allowed."""
+    sources = sources or {}
+    return "; ".join(_describe_one(err, sources.get(tuple(map(str, err["loc"])), source))
+                     for err in exc.errors())
 
 
 def _describe_one(err: Mapping[str, Any], source: str) -> str:
@@ -118,7 +130,8 @@ def _describe_one(err: Mapping[str, Any], source: str) -> str:
         what = "section" if len(loc) == 1 else "key"
         return f"{source}: unknown {what} {key!r}; allowed: {allowed}"
     value = err.get("input")
-    return f"{source}: {key}={value!r} is invalid: {err['msg']}"
+    reason = str(err["msg"]).removeprefix("Value error, ")
+    return f"{source}: {key}={value!r} is invalid: {reason}"
 
 
 def _allowed_keys(parent: list[str]) -> list[str]:

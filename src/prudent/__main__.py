@@ -1,0 +1,5 @@
+"""``python -m prudent`` is the ``prudent`` command."""
+
+from prudent.cli import main
+
+main()

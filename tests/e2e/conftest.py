@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+ROOT = Path(__file__).parents[2]
+
+
+class Project:
+    """A project folder where the tests run prudent commands as a user would."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PRUDENT_")}
+        self.env["PRUDENT_CONSOLE"] = "plain"
+
+    def prudent(self, *args: str, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "prudent", *args], cwd=self.path, env=self.env,
+                              capture_output=True, text=True, timeout=timeout, **kwargs)
+
+    def python(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, *args], cwd=self.path, env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    def show(self, run: str) -> dict[str, Any]:
+        result = self.prudent("show", run, "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    return Project(tmp_path)
+
+
+def script(name: str) -> str:
+    return str(SCRIPTS / name)

@@ -1,0 +1,114 @@
+"""`prudent run` end to end: real scripts in real subprocesses, real signals."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from prudent.store import Store
+from tests.e2e.conftest import Project, script
+
+
+def test_design_api_script_runs_unchanged_without_prudent_run(project: Project) -> None:
+    result = project.python(script("design_api.py"))
+    assert result.returncode == 0, result.stderr
+    shown = project.show("latest")
+    assert shown["status"] == "completed" and shown["stop_reason"] is None
+    assert shown["config"] == {"lr": 0.001, "epochs": 5}
+    assert shown["step"] == 60 and 0.5 < shown["metrics"]["val_acc"] <= 1.0
+    assert f"run={shown['id']}" in result.stdout
+
+
+def test_design_api_script_under_prudent_run_gets_set_overrides(project: Project) -> None:
+    result = project.prudent("run", "--run-id", "r1", "--set", "lr=1e-2", "--set", "epochs=2",
+                             "--", sys.executable, script("design_api.py"))
+    assert result.returncode == 0, result.stderr
+    assert "done lr=0.01 epochs=2 run=r1" in result.stdout
+    assert "prudent | r1 | completed after" in result.stderr
+    shown = project.show("r1")
+    assert (shown["status"], shown["config"], shown["step"]) == ("completed", {"lr": 0.01, "epochs": 2}, 24)
+    assert set(shown) >= {"id", "name", "status", "stop_reason", "config", "metrics", "events",
+                          "restarts", "cost_usd"}
+    assert [(e["kind"], e["name"]) for e in shown["events"]] == [
+        ("lifecycle", "start"), ("lifecycle", "end"), ("supervisor", "exit")]
+
+
+def test_unknown_set_key_stops_before_training_and_lists_known_keys(project: Project) -> None:
+    result = project.prudent("run", "--run-id", "typo", "--set", "lrr=0.1", "--",
+                             sys.executable, script("design_api.py"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "prudent: error: --set lrr: unknown key 'lrr' in config; known keys: epochs, lr. "
+        "Fix the spelling, or add the key to the config passed to prudent.init"]
+    shown = project.show("typo")
+    assert (shown["status"], shown["stop_reason"], shown["step"]) == ("failed", "error", 0)
+
+
+def test_same_run_id_again_continues_the_run_and_counts_a_restart(project: Project) -> None:
+    for _ in range(2):
+        result = project.prudent("run", "--run-id", "again", "--set", "epochs=1", "--",
+                                 sys.executable, script("design_api.py"))
+        assert result.returncode == 0, result.stderr
+    shown = project.show("again")
+    assert shown["restarts"] == 1 and shown["status"] == "completed"
+    assert [e["name"] for e in shown["events"]].count("relaunch") == 1
+
+
+def _start_slow(project: Project, run_id: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "prudent", "run", "--run-id", run_id, "--", sys.executable,
+         script("slow_train.py")], cwd=project.path, env=project.env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "READY"
+    return process
+
+
+@pytest.mark.parametrize(("signum", "code", "reason"), [(signal.SIGTERM, 75, "preempted"),
+                                                        (signal.SIGINT, 130, "interrupted")])
+def test_signal_to_supervisor_stops_training_cleanly(project: Project, signum: int, code: int,
+                                                     reason: str) -> None:
+    process = _start_slow(project, "sig")
+    process.send_signal(signum)
+    assert process.wait(timeout=60) == code
+    process.communicate()
+    shown = project.show("sig")
+    assert (shown["status"], shown["stop_reason"]) == ("stopped", reason)
+    assert shown["step"] >= 1 and shown["metrics"]["loss"] == 1.0
+
+
+def test_child_killed_without_warning_is_recorded_as_failed(project: Project) -> None:
+    process = _start_slow(project, "killed")
+    time.sleep(2.0)  # ~2 s of training at 0.02 s a step; at most the last second may be lost
+    (child,) = psutil.Process(process.pid).children()
+    child.kill()
+    assert process.wait(timeout=60) == 128 + signal.SIGKILL
+    process.communicate()
+    shown = project.show("killed")
+    assert (shown["status"], shown["stop_reason"]) == ("failed", "error")
+    assert "killed by SIGKILL" in shown["events"][-1]["message"]
+    assert shown["metrics"]["loss"] == 1.0
+    store = Store(f"sqlite:///{project.path / '.prudent' / 'prudent.db'}")
+    assert len(store.metric_series("killed", "loss")) >= 20  # >= 1 s of the ~2 s survived
+    store.close()
+
+
+def test_script_that_raises_is_failed_with_its_error(project: Project) -> None:
+    code = ("import prudent\nrun = prudent.init(name='oops')\nwith run:\n"
+            "    run.step(loss=1.0)\n    raise ValueError('bad batch shape')\n")
+    result = project.prudent("run", "--run-id", "oops", "--", sys.executable, "-c", code)
+    assert result.returncode == 1 and "ValueError: bad batch shape" in result.stderr
+    shown = project.show("oops")
+    assert (shown["status"], shown["stop_reason"]) == ("failed", "error")
+    assert shown["events"][-2]["message"] == "ValueError: bad batch shape"
+
+
+def test_missing_command_is_exit_127_and_recorded(project: Project) -> None:
+    result = project.prudent("run", "--run-id", "nocmd", "--", "definitely-not-a-program")
+    assert result.returncode == 127 and "cannot start 'definitely-not-a-program'" in result.stderr
+    assert project.show("nocmd")["status"] == "failed"

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import io
+
+import prudent
+from prudent.config import ProjectSettings
+from prudent.console import ConsoleReporter, ConsoleSettings
+
+
+class NotATerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return False
+
+
+def test_plain_mode_prints_progress_logs_and_a_summary(settings: ProjectSettings) -> None:
+    out = NotATerminal()
+    reporter = ConsoleReporter(ConsoleSettings(mode="auto", interval_s=1e-6), stream=out)
+    assert reporter.mode == "plain"
+    run = prudent.init(name="console", settings=settings, exit_on_stop=False,
+                       components=[reporter])
+    with run:
+        for _ in run.epochs(2):
+            for _ in run.batches(range(5)):
+                run.step(loss=0.5)
+            run.log(val_acc=0.9)
+    lines = out.getvalue().splitlines()
+    assert any("epoch 2/2" in line and "steps/s" in line for line in lines)
+    assert f"prudent | {run.id} | epoch 1 step 5: val_acc=0.9" in lines
+    assert lines[-1].startswith(f"prudent | {run.id} | completed after 0:00:0")
+    assert "10 steps" in lines[-1]
+
+
+def test_rich_mode_draws_a_bar_and_stops_it(settings: ProjectSettings) -> None:
+    out = io.StringIO()
+    reporter = ConsoleReporter(ConsoleSettings(mode="rich"), stream=out)
+    run = prudent.init(name="bar", settings=settings, exit_on_stop=False, components=[reporter])
+    with run:
+        for _ in run.epochs(1):
+            for _ in run.batches(range(3)):
+                run.step(loss=0.5)
+    assert reporter._progress is None and "completed after" in out.getvalue()
