@@ -14,6 +14,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable
 
@@ -111,6 +112,25 @@ class Run:
     def is_smoke(self) -> bool:
         """True under ``prudent preflight``: train a few batches on the CPU, then stop."""
         return os.environ.get(ENV_SMOKE, "") not in ("", "0")
+
+    @property
+    def run_dir(self) -> Path:
+        """``$PRUDENT_HOME/runs/<id>``: this run's files (checkpoints, traces, reports)."""
+        path = Path(self.settings.store.home).resolve() / "runs" / self.id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def state_dict(self) -> dict[str, Any]:
+        """The kernel's counters and every component's state (for checkpoints)."""
+        return {"state": self.state.state_dict(),
+                "components": {c.name: c.state_dict() for c in self._components}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.load_state_dict(state.get("state", {}))
+        saved = state.get("components", {})
+        for component in self._components:
+            if component.name in saved:
+                component.load_state_dict(saved[component.name])
 
     @property
     def latest(self) -> dict[str, float]:
