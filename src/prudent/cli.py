@@ -30,15 +30,21 @@ def run(
     name: Optional[str] = typer.Option(None, "--name", help="A human name for the run."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a hyperparameter: "
                                              "--set lr=0.01 (YAML value); repeatable."),
+    max_restarts: int = typer.Option(0, "--max-restarts", help="Relaunch after a preemption or "
+                                     "a crash up to N times; each attempt resumes from the "
+                                     "newest checkpoint."),
+    restart_backoff_s: float = typer.Option(1.0, "--restart-backoff-s", help="First wait before "
+                                            "a relaunch; doubles each time, at most 60 s."),
     config: Optional[str] = ConfigOption,
 ) -> None:
-    """Supervise a training script: record it, pass --set overrides, forward signals."""
+    """Supervise a training script: record it, pass --set overrides, forward signals, relaunch."""
     from prudent.supervisor import Supervisor
 
     overrides = parse_set_args(set_ or [])
     settings = load_settings(config)
     supervisor = Supervisor(command or [], settings, run_id=run_id, name=name,
-                            overrides=overrides, config_path=config)
+                            overrides=overrides, config_path=config, max_restarts=max_restarts,
+                            restart_backoff_s=restart_backoff_s)
     raise typer.Exit(supervisor.run())
 
 

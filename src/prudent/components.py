@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from prudent.checkpoint import Checkpointer
 from prudent.console import ConsoleReporter
 from prudent.events import Component
+from prudent.preemption import PreemptionWatcher
 from prudent.recorder import MetricsRecorder
 
 if TYPE_CHECKING:
@@ -24,6 +26,9 @@ ComponentFactory = Callable[["ProjectSettings"], "Component | None"]
 DEFAULT_COMPONENTS: list[ComponentFactory] = [
     lambda settings: MetricsRecorder(every_s=settings.store.flush_interval_s),
     lambda settings: None if settings.console.mode == "off" else ConsoleReporter(settings.console),
+    lambda settings: PreemptionWatcher.build(settings.preemption),
+    # last on step_end: rules have had their say (a sick step is not saved as a periodic checkpoint)
+    lambda settings: Checkpointer(settings.checkpoint) if settings.checkpoint.enabled else None,
 ]
 
 

@@ -22,8 +22,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from prudent.checkpoint.settings import CheckpointSettings
 from prudent.console import ConsoleSettings
 from prudent.errors import ConfigError
+from prudent.preemption import PreemptionSettings
 from prudent.store import StoreSettings
 
 __all__ = ["ENV_SETTINGS", "ProjectSettings", "RunSettings", "load_settings"]
@@ -56,6 +58,8 @@ class ProjectSettings(BaseModel):
     store: StoreSettings = Field(default_factory=StoreSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     run: RunSettings = Field(default_factory=RunSettings)
+    checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    preemption: PreemptionSettings = Field(default_factory=PreemptionSettings)
 
 
 # PRUDENT_* variable -> (section, key). Flags of the CLI map onto the same pairs.
@@ -64,6 +68,10 @@ ENV_SETTINGS: dict[str, tuple[str, str]] = {
     "PRUDENT_STORE_URL": ("store", "url"),
     "PRUDENT_CONSOLE": ("console", "mode"),
     "PRUDENT_DEVICE": ("run", "device"),
+    "PRUDENT_CHECKPOINT_URL": ("checkpoint", "url"),
+    "PRUDENT_CHECKPOINT_EVERY": ("checkpoint", "every"),
+    "PRUDENT_METADATA_URL": ("preemption", "metadata_url"),
+    "PRUDENT_PREEMPTION_WATCH": ("preemption", "watch"),
 }
 
 

@@ -50,6 +50,7 @@ class Run:
         self.objects: dict[str, Any] = {}
         self.started_at = time.time()
         self.stop_reason: str | None = None
+        self.stop_deadline: float | None = None  # time.time() by which a stop must be done, if known
         self.status = "running"
         self._stop: tuple[str, str] | None = None
         self._stop_announced = False
@@ -57,6 +58,7 @@ class Run:
         self._device: Any = None
         self._scaler: Any = None
         self._logged: dict[str, float] = {}
+        self._resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
         self._components: list[Component] = []
         self._handlers: dict[Event, list[Callable[..., None]]] = {event: [] for event in Event}
         self._step_end = self._handlers[Event.STEP_END]  # the hot path, looked up once
@@ -76,9 +78,12 @@ class Run:
     def components(self) -> tuple[Component, ...]:
         return tuple(self._components)
 
-    def _emit(self, event: Event, *args: Any) -> None:
+    def emit(self, event: Event, *args: Any) -> None:
+        """Deliver an event to every component handling it (components announce through this)."""
         for handler in self._handlers[event]:
             handler(self, *args)
+
+    _emit = emit
 
     def _start(self) -> None:
         if self.settings.run.handle_signals:
@@ -121,16 +126,26 @@ class Run:
         return path
 
     def state_dict(self) -> dict[str, Any]:
-        """The kernel's counters and every component's state (for checkpoints)."""
-        return {"state": self.state.state_dict(),
+        """Counters, RNG states and every component's state: all a checkpoint needs of the run."""
+        from prudent.rng import capture_rng
+
+        return {"state": self.state.state_dict(), "rng": capture_rng(),
                 "components": {c.name: c.state_dict() for c in self._components}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the run back where ``state_dict`` was taken.
+
+        The RNG is restored when training resumes (the next ``run.batches``), not now: the
+        script's own setup (building the model) draws random numbers after ``init``. Mid-epoch,
+        it is restored only after the epoch's shuffle order was redrawn and the batches already
+        done were skipped.
+        """
         self.state.load_state_dict(state.get("state", {}))
         saved = state.get("components", {})
         for component in self._components:
             if component.name in saved:
                 component.load_state_dict(saved[component.name])
+        self._resume_rng = state.get("rng")
 
     @property
     def latest(self) -> dict[str, float]:
@@ -153,7 +168,7 @@ class Run:
             self.state.batches_per_epoch = len(loader)  # type: ignore[arg-type]
         except TypeError:
             self.state.batches_per_epoch = None
-        iterator = iter(loader)
+        iterator = self._position(loader)
         clock = time.perf_counter
         on_loaded = self._handlers[Event.BATCH_LOADED]
         while True:
@@ -168,6 +183,24 @@ class Run:
             for handler in on_loaded:
                 handler(self, batch, wait_s)
             yield batch
+
+    def _position(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """A fresh epoch's iterator, or one that continues a restored epoch where it stopped."""
+        from prudent.data import epoch_start_state, resume_iterator
+        from prudent.rng import restore_rng
+
+        sampler = getattr(loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):  # DistributedSampler: never reset to epoch 0
+            sampler.set_epoch(self.state.epoch)
+        rng, self._resume_rng = self._resume_rng, None
+        if rng is None or not self.state.batches_in_epoch or self.state.epoch_rng is None:
+            if rng is not None:
+                restore_rng(rng)
+            self.state.batches_in_epoch = 0
+            self.state.epoch_rng = epoch_start_state(loader)
+            return iter(loader)
+        return resume_iterator(loader, self.state.epoch_rng, self.state.batches_in_epoch,
+                               after_skip=lambda: restore_rng(rng))
 
     def backward(self, loss: Any) -> None:
         """``loss.backward()`` (scaled when a GradScaler is attached), then gradient hooks."""
@@ -189,6 +222,11 @@ class Run:
         self._logged.update(values)
         self._emit(Event.LOG, values)
         self._check_stop()
+
+    @property
+    def stop_requested(self) -> str | None:
+        """The reason of a pending stop request, if any (the run stops at the next check)."""
+        return self._stop[0] if self._stop is not None else None
 
     def request_stop(self, reason: str, message: str = "") -> None:
         """Ask the run to stop at the next step, batch or log; the first request wins.
@@ -252,9 +290,9 @@ class Run:
         self._closed = True
         self.status, self.stop_reason = status, reason
         self._signals.uninstall()
+        self._emit(Event.END, status, reason)
         self.record_event("lifecycle", "end", message or status, status=status,
                           stop_reason=reason, **payload)
-        self._emit(Event.END, status, reason)
         self.writer.flush()
         self.writer.close()
         self.store.update_run(self.id, status=status, stop_reason=reason, ended_at=time.time(),

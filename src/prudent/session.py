@@ -52,9 +52,16 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
     _register(store, run_id, name, resolved)
     run = Run(run_id=run_id, name=name, config=resolved, settings=settings, store=store,
               exit_on_stop=exit_on_stop, components=components)
-    run._start()
-    if objects:
-        run.attach(**objects)
+    try:
+        run._start()
+        if objects:
+            run.attach(**objects)
+    except ConfigError as exc:
+        run._finish("failed", "error", str(exc))
+        if not exit_on_stop:
+            raise
+        print(f"prudent: error: {exc}", file=sys.stderr)
+        raise SystemExit(int(ExitCode.BAD_INPUT)) from None
     return run
 
 

@@ -1,8 +1,9 @@
 """Turning process signals into clean stops.
 
-SIGTERM is what Kubernetes, SLURM, SageMaker and a spot machine's shutdown send before the
-kill; prudent makes it a stop request with reason ``preempted`` (checked at the next step or
-batch), so the run unwinds through ``with run:`` instead of dying mid-write. A handler the
+SIGTERM is what Kubernetes, SageMaker and a spot machine's shutdown send before the kill, and
+SIGUSR1 what SLURM sends ahead of time with ``--signal=USR1@120``; prudent makes either a stop
+request with reason ``preempted`` (checked at the next step or batch, where the checkpointer
+saves), so the run unwinds through ``with run:`` instead of dying mid-write. A handler the
 script installed itself is left alone.
 """
 
@@ -24,7 +25,7 @@ class SignalStopper:
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # Python only lets the main thread set handlers
-        for signum in (signal.SIGTERM,):
+        for signum in (signal.SIGTERM, signal.SIGUSR1):
             if signal.getsignal(signum) in (signal.SIG_DFL, None):
                 self._previous[signum] = signal.signal(signum, self._handle)
 

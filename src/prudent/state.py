@@ -13,7 +13,8 @@ class RunState:
     """Counters the kernel advances; components read them, checkpoints save them.
 
     ``step`` counts completed ``run.step()`` calls over the whole run; ``epoch`` is the epoch
-    in progress (0-based); ``batches_in_epoch`` is how many batches of it were consumed.
+    in progress (0-based); ``batches_in_epoch`` is how many batches of it were consumed;
+    ``epoch_rng`` holds the generator states the epoch's shuffle order was drawn from.
     """
 
     step: int = 0
@@ -21,6 +22,7 @@ class RunState:
     batches_in_epoch: int = 0
     num_epochs: int | None = None
     batches_per_epoch: int | None = None
+    epoch_rng: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -38,7 +38,8 @@ class Supervisor:
     def __init__(self, command: Sequence[str], settings: ProjectSettings, *,
                  run_id: str | None = None, name: str | None = None,
                  overrides: Mapping[str, Any] | None = None,
-                 config_path: str | None = None) -> None:
+                 config_path: str | None = None, max_restarts: int = 0,
+                 restart_backoff_s: float = 1.0) -> None:
         if not command:
             raise ConfigError("no command to run: write it after '--', "
                               "e.g. prudent run -- python train.py")
@@ -48,19 +49,52 @@ class Supervisor:
         self.run_id = validate_run_id(run_id) if run_id else new_run_id(name or _guess(command))
         self.overrides = dict(overrides or {})
         self.config_path = config_path
+        if max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
+        self.max_restarts = max_restarts
+        self.restart_backoff_s = restart_backoff_s
         self._child: subprocess.Popen[bytes] | None = None
         self._signals_seen = 0
 
     def run(self) -> int:
-        """Launch, wait, record; returns the exit code the CLI should exit with."""
+        """Launch, wait, record, relaunch while allowed; returns the CLI's exit code."""
         store = Store.open(self.settings.store)
+        previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED}
         try:
             self._register(store)
-            code = self._launch_and_wait()
-            self._close_record(store, code)
-            return code if code >= 0 else 128 - code
+            attempt = 0
+            while True:
+                code = self._launch_and_wait()
+                self._close_record(store, code)
+                if not self._should_relaunch(code, attempt):
+                    return code if code >= 0 else 128 - code
+                attempt += 1
+                self._wait_before_relaunch(store, code, attempt)
+                if self._signals_seen:
+                    return code if code >= 0 else 128 - code
+                store.count_restart(self.run_id)
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             store.close()
+
+    def _should_relaunch(self, code: int, attempt: int) -> bool:
+        """Preemption and crashes are relaunched; completion, stops and bad input are not."""
+        if attempt >= self.max_restarts or self._signals_seen:
+            return False
+        return code == ExitCode.PREEMPTED or code == ExitCode.ERROR or code < 0
+
+    def _wait_before_relaunch(self, store: Store, code: int, attempt: int) -> None:
+        import time
+
+        delay = min(self.restart_backoff_s * 2 ** (attempt - 1), 60.0)
+        message = (f"relaunch {attempt} of {self.max_restarts} after exit code {code}, "
+                   f"in {delay:.1f} s; the new process resumes from the newest checkpoint")
+        print(f"prudent: {message}", file=sys.stderr, flush=True)
+        _event(store, self.run_id, "relaunch", message, attempt=attempt, code=code, delay_s=delay)
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and not self._signals_seen:
+            time.sleep(min(0.1, delay))
 
     def _register(self, store: Store) -> None:
         if store.get_run(self.run_id) is None:
@@ -91,16 +125,12 @@ class Supervisor:
             print(f"prudent: error: cannot start {self.command[0]!r}: {exc.strerror}",
                   file=sys.stderr)
             return 127
-        previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED}
-        try:
-            return self._child.wait()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+        return self._child.wait()
 
     def _forward(self, signum: int, _frame: Any) -> None:
-        assert self._child is not None
         self._signals_seen += 1
+        if self._child is None or self._child.poll() is not None:
+            return  # between attempts: no relaunch will follow
         if self._signals_seen >= 3:
             print("prudent: third signal, killing the training process", file=sys.stderr)
             self._child.kill()

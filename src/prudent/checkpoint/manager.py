@@ -1,0 +1,208 @@
+"""Checkpointer: the component that saves the run's complete state and resumes from it.
+
+What a checkpoint holds: every object attached to the run (``state_dict()`` of models,
+optimizers, schedulers, GradScalers, any stateful object), the run's counters and data
+position, the RNG states, and every component's state. It is restored when the run starts
+(counters), when each object is attached (its state), and when training resumes (RNG and
+data position, see ``prudent.data``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from prudent.checkpoint.schedule import SaveSchedule
+from prudent.checkpoint.settings import CheckpointSettings
+from prudent.checkpoint.storage import CheckpointStorage, open_storage
+from prudent.checkpoint.writer import CheckpointWriter, SaveResult, load_latest
+from prudent.errors import ConfigError
+from prudent.events import Component, Event
+
+if TYPE_CHECKING:
+    from prudent.run import Run
+
+__all__ = ["Checkpointer"]
+
+SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
+_NO_SAVE_ON = ("pruned", "rule:non_finite")
+
+
+class Checkpointer(Component):
+    name = "checkpoint"
+
+    def __init__(self, settings: CheckpointSettings | None = None) -> None:
+        self.settings = settings or CheckpointSettings()
+        self.schedule = SaveSchedule(self.settings.every, self.settings.at_epoch_end,
+                                     self.settings.mtbi)
+        self.storage: CheckpointStorage | None = None
+        self.writer: CheckpointWriter | None = None
+        self.resumed_from: str | None = None
+        self._saved_objects: dict[str, Any] = {}
+        self._last_position: tuple[int, int, int] | None = None
+        self._sync_save_s: float | None = None
+
+    # resume -------------------------------------------------------------------------------
+    def on_start(self, run: Run) -> None:
+        self.storage = open_storage(self.settings.url or _default_location(run))
+        self.writer = CheckpointWriter(self.storage, self.settings.keep,
+                                       asynchronous=self.settings.mode == "async")
+        try:
+            loaded = load_latest(self.storage)
+        except Exception as exc:
+            raise ConfigError(f"cannot read checkpoints at {self.storage.url!r}: {exc}") from None
+        if loaded is None:
+            return
+        for name, why in loaded.skipped:
+            self.writer.known_bad.add(name)
+            run.record_event("checkpoint", "skipped", f"{name} {why}; trying an older one",
+                             checkpoint=name)
+        if not loaded.payload:
+            self._no_usable_checkpoint(run, len(loaded.skipped))
+            return
+        self._resume(run, loaded.name, loaded.payload)
+
+    def _no_usable_checkpoint(self, run: Run, count: int) -> None:
+        message = (f"none of the {count} checkpoints in {self.storage.url} is usable "  # type: ignore[union-attr]
+                   "(see the events above)")
+        if self.settings.strict_resume:
+            raise ConfigError(f"{message}; strict_resume is on, so the run does not start fresh. "
+                              "Fix or remove them, or set checkpoint.strict_resume: false")
+        print(f"prudent: warning: {message}; starting from scratch", file=sys.stderr)
+        run.record_event("checkpoint", "fresh_start", message + "; starting from scratch")
+
+    def _resume(self, run: Run, name: str, payload: dict[str, Any]) -> None:
+        run.load_state_dict(payload["run"])
+        self._saved_objects = dict(payload["objects"])
+        self.resumed_from = name
+        state = run.state
+        self._last_position = (state.step, state.epoch, state.batches_in_epoch)
+        self.schedule.saved(state.step)
+        run.record_event("checkpoint", "resumed",
+                         f"resumed from {name}: step {state.step}, epoch {state.epoch + 1}, "
+                         f"{state.batches_in_epoch} batches into it", checkpoint=name)
+
+    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+        for key, obj in objects.items():
+            _check_saveable(key, obj)
+            if key in self._saved_objects:
+                _restore(obj, self._saved_objects.pop(key))
+
+    # save ---------------------------------------------------------------------------------
+    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        if self.writer.asynchronous and not self.writer.busy:
+            self._report(run, self.writer.completed())
+        if run.stop_requested is None and self.schedule.due_at_step(run.state.step):
+            self.save(run, "periodic")
+
+    def on_epoch_end(self, run: Run, epoch: int) -> None:
+        if self.writer is not None and self.schedule.due_at_epoch_end(epoch):
+            self.save(run, "epoch_end")
+
+    def on_stop_requested(self, run: Run, reason: str, message: str) -> None:
+        # a pruned trial is never resumed; non-finite weights are not worth resuming from
+        if self.writer is None or not self.settings.on_stop or reason in _NO_SAVE_ON:
+            return
+        self.writer.wait()
+        self._report(run, self.writer.completed())
+        if self._at_saved_position(run):
+            return
+        left = run.stop_deadline - time.time() if run.stop_deadline else None
+        if left is not None and self._sync_save_s is not None and self._sync_save_s > left:
+            run.record_event("checkpoint", "emergency_skipped",
+                             f"a save takes about {self._sync_save_s:.1f} s but only {left:.1f} s "
+                             f"of notice is left: keeping the newest periodic checkpoint instead")
+            return
+        self.save(run, f"stop:{reason}", synchronous=True)
+
+    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+        if self.writer is not None:
+            self.writer.wait()
+            self._report(run, self.writer.completed())
+        if self._saved_objects:
+            missing = ", ".join(sorted(self._saved_objects))
+            run.record_event("checkpoint", "not_restored", f"the checkpoint holds {missing} but "
+                             "the script never attached it: attach it with run.attach(...)")
+
+    def save(self, run: Run, reason: str, synchronous: bool = False) -> None:
+        """Checkpoint the run now (a snapshot; written in the background unless synchronous)."""
+        assert self.writer is not None
+        state = run.state
+        self._last_position = (state.step, state.epoch, state.batches_in_epoch)
+        payload = {"objects": {k: _state_of(v) for k, v in run.objects.items()},
+                   "run": run.state_dict()}
+        meta = {"run_id": run.id, "epoch": state.epoch, "batches_in_epoch": state.batches_in_epoch,
+                "reason": reason}
+        self.schedule.saved(state.step)
+        asynchronous = self.writer.asynchronous
+        self.writer.asynchronous = asynchronous and not synchronous
+        try:
+            result = self.writer.save(state.step, payload, meta)
+        finally:
+            self.writer.asynchronous = asynchronous
+        if result is not None:
+            self._sync_save_s = result.stall_s + result.write_s
+            self._report(run, [result])
+
+    def _at_saved_position(self, run: Run) -> bool:
+        state = run.state
+        return self._last_position == (state.step, state.epoch, state.batches_in_epoch)
+
+    def _report(self, run: Run, results: list[SaveResult]) -> None:
+        for result in results:
+            if result.error is not None:
+                message = (f"checkpoint at step {result.step} failed: {result.error}; the previous "
+                           "checkpoint is kept")
+                print(f"prudent: warning: {message}", file=sys.stderr)
+                run.record_event("checkpoint", "save_failed", message, step=result.step)
+                continue
+            run.record_event("checkpoint", "saved", f"{result.name}: {result.num_bytes / 1e6:.1f} MB, "
+                             f"loop blocked {result.stall_s * 1000:.1f} ms, written in "
+                             f"{result.write_s:.2f} s", step=result.step, path=result.path,
+                             bytes=result.num_bytes, stall_s=result.stall_s, write_s=result.write_s,
+                             deleted=result.deleted)
+            explanation = self.schedule.measured(result.stall_s, result.write_s)
+            if explanation:
+                run.record_event("checkpoint", "interval", explanation,
+                                 interval_s=self.schedule.interval_s, cost_s=self.schedule.cost_s,
+                                 mtbi_s=self.schedule.mtbi_s)
+            run.emit(Event.CHECKPOINT_SAVED, result.path)
+
+
+def _default_location(run: Run) -> str:
+    if os.environ.get("SM_TRAINING_ENV") and os.path.isdir(SAGEMAKER_CHECKPOINTS):
+        return f"{SAGEMAKER_CHECKPOINTS}/{run.id}"
+    return str(run.run_dir / "checkpoints")
+
+
+def _state_of(obj: Any) -> Any:
+    return obj.state_dict() if hasattr(obj, "state_dict") else obj
+
+
+def _restore(obj: Any, saved: Any) -> None:
+    if hasattr(obj, "load_state_dict"):
+        obj.load_state_dict(saved)
+    elif isinstance(obj, torch.Tensor):
+        with torch.no_grad():
+            obj.copy_(saved)
+    elif isinstance(obj, dict):
+        obj.clear()
+        obj.update(saved)
+    elif isinstance(obj, list):
+        obj[:] = saved
+
+
+def _check_saveable(key: str, obj: Any) -> None:
+    if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+        return
+    if isinstance(obj, (dict, list, torch.Tensor)):
+        return
+    raise ConfigError(
+        f"run.attach({key}=...) got a {type(obj).__name__}, which prudent cannot restore in "
+        "place: attach objects with state_dict()/load_state_dict(), tensors, dicts or lists")

@@ -1,0 +1,230 @@
+"""Saving and loading checkpoints safely.
+
+Saving: the training thread takes a snapshot (tensors copied to host memory, so the next
+optimizer step cannot change what is written); serialising, writing, fsync, commit, a
+read-back checksum check and retention run on a background thread, one save in flight at a
+time (a second save waits for the first: memory stays bounded to one snapshot). In sync mode
+the same steps run on the caller's thread. Loading: newest first; a checkpoint whose manifest
+is missing, whose checksum differs, or that the deserialiser rejects (the error a truncated
+file gives differs between torch versions, so any exception counts) is skipped for the next
+older one. Everything is loaded with ``weights_only=True``: no code from a file ever runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from prudent.checkpoint.storage import CheckpointStorage, LocalStorage, checkpoint_name, step_of
+
+__all__ = ["CheckpointWriter", "LoadedCheckpoint", "SaveResult", "host_copy", "load_latest"]
+
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class SaveResult:
+    name: str
+    step: int
+    path: str = ""
+    num_bytes: int = 0
+    stall_s: float = 0.0
+    write_s: float = 0.0
+    error: str | None = None
+    deleted: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoadedCheckpoint:
+    name: str
+    payload: dict[str, Any]
+    skipped: list[tuple[str, str]]  # (name, why) of newer checkpoints that could not be used
+
+
+def host_copy(obj: Any) -> Any:
+    """A deep copy whose tensors live in host memory and share nothing with the originals."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        copied = [host_copy(v) for v in obj]
+        return copied if isinstance(obj, list) else tuple(copied)
+    return obj
+
+
+class CheckpointWriter:
+    def __init__(self, storage: CheckpointStorage, keep: int = 2, asynchronous: bool = True):
+        self.storage = storage
+        self.keep = keep
+        self.asynchronous = asynchronous
+        self.known_bad: set[str] = set()
+        self._results: queue.SimpleQueue[SaveResult] = queue.SimpleQueue()
+        self._in_flight: threading.Thread | None = None
+
+    def save(self, step: int, payload: dict[str, Any], meta: dict[str, Any]) -> SaveResult | None:
+        """Snapshot now; write now (sync, returns the result) or in the background (None)."""
+        started = time.perf_counter()
+        self.wait()  # at most one save in flight
+        snapshot = host_copy(payload)
+        stall_s = time.perf_counter() - started
+        if not self.asynchronous:
+            return self._write(step, snapshot, meta, stall_s)
+        self._in_flight = threading.Thread(
+            target=lambda: self._results.put(self._write(step, snapshot, meta, stall_s)),
+            name="prudent-checkpoint-writer", daemon=True)
+        self._in_flight.start()
+        return None
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is durable or failed."""
+        if self._in_flight is not None:
+            self._in_flight.join()
+            self._in_flight = None
+
+    def completed(self) -> list[SaveResult]:
+        """Results of background saves finished since the last call (training thread)."""
+        done = []
+        while True:
+            try:
+                done.append(self._results.get_nowait())
+            except queue.Empty:
+                return done
+
+    @property
+    def busy(self) -> bool:
+        return self._in_flight is not None and self._in_flight.is_alive()
+
+    def _write(self, step: int, snapshot: dict[str, Any], meta: dict[str, Any],
+               stall_s: float) -> SaveResult:
+        name = checkpoint_name(step)
+        result = SaveResult(name=name, step=step, stall_s=stall_s)
+        started = time.perf_counter()
+        handle = None
+        try:
+            handle = self.storage.begin(name)
+            digest, result.num_bytes = self._write_state(handle, snapshot)
+            self._write_manifest(handle, step, digest, result.num_bytes, meta)
+            result.path = self.storage.commit(handle)
+            handle = None
+            problem, _ = _check(self.storage, name)
+            if problem is not None:
+                raise OSError(f"{name} failed its read-back check: it {problem}")
+            result.deleted = self._retain(newest=name)
+        except Exception as exc:  # reported as an event by the manager, never swallowed
+            result.error = f"{type(exc).__name__}: {exc}"
+            if handle is not None:
+                self.storage.abort(handle)
+        result.write_s = time.perf_counter() - started
+        return result
+
+    def _write_state(self, handle: Any, snapshot: dict[str, Any]) -> tuple[str, int]:
+        stream = self.storage.open_write(handle, STATE_FILE)
+        hashing = _HashingWriter(stream)
+        try:
+            torch.save(snapshot, hashing)
+        except Exception:
+            if hashing.error is not None:  # torch reports a failed write as "unexpected pos"
+                raise hashing.error from None
+            raise
+        finally:
+            stream.close()
+        return hashing.hexdigest(), hashing.num_bytes
+
+    def _write_manifest(self, handle: Any, step: int, digest: str, num_bytes: int,
+                        meta: dict[str, Any]) -> None:
+        manifest = {"format": FORMAT_VERSION, "step": step, "created": time.time(), **meta,
+                    "files": {STATE_FILE: {"sha256": digest, "bytes": num_bytes}}}
+        stream = self.storage.open_write(handle, MANIFEST_FILE)
+        try:
+            stream.write(json.dumps(manifest, indent=1).encode())
+        finally:
+            stream.close()
+
+    def _retain(self, newest: str) -> list[str]:
+        """Keep ``newest`` (just verified) and the next ``keep - 1`` complete older ones."""
+        newest_step = step_of(newest) or 0
+        kept, deleted = {newest}, []
+        for name in self.storage.checkpoints():  # newest first
+            if name in kept:
+                continue
+            if (step_of(name) or 0) > newest_step and name not in self.known_bad:
+                continue  # newer than ours (another attempt's): not ours to judge
+            complete = self.storage.read(name, MANIFEST_FILE) is not None
+            if len(kept) < self.keep and complete and name not in self.known_bad:
+                kept.add(name)
+                continue
+            self.storage.delete(name)
+            deleted.append(name)
+        if isinstance(self.storage, LocalStorage):
+            self.storage.remove_stale_staging()
+        return deleted
+
+
+def load_latest(storage: CheckpointStorage) -> LoadedCheckpoint | None:
+    """The newest checkpoint that passes its checks, with the reasons newer ones were skipped."""
+    skipped: list[tuple[str, str]] = []
+    for name in storage.checkpoints():
+        problem, data = _check(storage, name)
+        if problem is None:
+            try:
+                payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+                return LoadedCheckpoint(name, payload, skipped)
+            except Exception as exc:  # noqa: BLE001 - any deserialiser error means unusable
+                problem = f"cannot be deserialised safely ({type(exc).__name__}: {exc})"
+        skipped.append((name, problem))
+    return None if not skipped else LoadedCheckpoint("", {}, skipped)
+
+
+def _check(storage: CheckpointStorage, name: str) -> tuple[str | None, bytes]:
+    """(None, state bytes) if the checkpoint's files match its manifest, else (why not, b"")."""
+    raw = storage.read(name, MANIFEST_FILE)
+    if raw is None:
+        return "has no manifest (the save never finished)", b""
+    try:
+        expected = json.loads(raw)["files"][STATE_FILE]
+    except (ValueError, KeyError, TypeError):
+        return "has an unreadable manifest", b""
+    data = storage.read(name, STATE_FILE)
+    if data is None:
+        return f"is missing {STATE_FILE}", b""
+    if len(data) != expected["bytes"]:
+        return f"is truncated ({len(data)} of {expected['bytes']} bytes)", b""
+    if hashlib.sha256(data).hexdigest() != expected["sha256"]:
+        return "is corrupted (checksum mismatch)", b""
+    return None, data
+
+
+class _HashingWriter:
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._hash = hashlib.sha256()
+        self.num_bytes = 0
+        self.error: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self._hash.update(view)
+        self.num_bytes += view.nbytes
+        try:
+            self._stream.write(view)
+        except OSError as exc:
+            self.error = exc
+            raise
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()

@@ -1,0 +1,98 @@
+"""Where the loop is in the data, and how to get back there after a restart.
+
+At the start of each epoch the run notes the generator states that decide the shuffle order
+(before the loader draws them). To resume mid-epoch it puts those states back, rebuilds the
+same order, skips the batches already trained on at the index level (no data is loaded for
+them) and only then restores the RNG as it was at the checkpoint, so dropout and the rest
+continue exactly. Loaders that cannot be skipped by index are read and discarded instead.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+__all__ = ["epoch_start_state", "resume_iterator"]
+
+
+def epoch_start_state(loader: Iterable[Any]) -> dict[str, Any]:
+    """The generator states a fresh ``iter(loader)`` is about to draw from."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    for key, generator in _generators(loader).items():
+        state[key] = generator.get_state()
+    return state
+
+
+def resume_iterator(loader: Iterable[Any], epoch_state: dict[str, Any], num_skip: int,
+                    after_skip: Callable[[], None]) -> Iterator[Any]:
+    """An iterator over ``loader`` that continues after ``num_skip`` already-seen batches."""
+    torch.set_rng_state(epoch_state["torch"])
+    for key, generator in _generators(loader).items():
+        if key in epoch_state:
+            generator.set_state(epoch_state[key])
+    skipping = _index_skipping_loader(loader, num_skip, after_skip)
+    if skipping is not None:
+        return iter(skipping)
+    warnings.warn(
+        f"prudent resumes this {type(loader).__name__} by reading and discarding {num_skip} "
+        "batches: it is not a plain DataLoader over a map-style dataset, so batches cannot be "
+        "skipped by index", stacklevel=3)
+    iterator = iter(loader)
+    for _ in range(num_skip):
+        next(iterator, None)
+    after_skip()
+    return iterator
+
+
+def _generators(loader: Iterable[Any]) -> dict[str, torch.Generator]:
+    found: dict[str, torch.Generator] = {}
+    loader_generator = getattr(loader, "generator", None)
+    if isinstance(loader_generator, torch.Generator):
+        found["loader"] = loader_generator
+    sampler_generator = getattr(getattr(loader, "sampler", None), "generator", None)
+    if isinstance(sampler_generator, torch.Generator) and sampler_generator is not loader_generator:
+        found["sampler"] = sampler_generator
+    return found
+
+
+def _index_skipping_loader(loader: Iterable[Any], num_skip: int,
+                           after_skip: Callable[[], None]) -> DataLoader[Any] | None:
+    if type(loader) is not DataLoader or isinstance(loader.dataset, IterableDataset):
+        return None
+    options: dict[str, Any] = {
+        "num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
+        "pin_memory": loader.pin_memory, "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn, "generator": loader.generator,
+        "multiprocessing_context": loader.multiprocessing_context,
+        "persistent_workers": False, "pin_memory_device": loader.pin_memory_device}
+    if loader.num_workers > 0:
+        options["prefetch_factor"] = loader.prefetch_factor
+    if hasattr(loader, "in_order"):
+        options["in_order"] = loader.in_order
+    if loader.batch_sampler is not None:
+        sampler = _SkipFirst(loader.batch_sampler, num_skip, after_skip)
+        return DataLoader(loader.dataset, batch_sampler=sampler, **options)
+    sampler = _SkipFirst(loader.sampler, num_skip, after_skip)
+    return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **options)
+
+
+class _SkipFirst(torch.utils.data.Sampler[Any]):
+    """Draws the wrapped sampler's order as usual, drops the first ``num_skip`` items, then
+    calls ``after_skip`` (before any data of the remaining items is loaded)."""
+
+    def __init__(self, sampler: Iterable[Any], num_skip: int, after_skip: Callable[[], None]):
+        self.sampler, self.num_skip, self.after_skip = sampler, num_skip, after_skip
+
+    def __iter__(self) -> Iterator[Any]:
+        iterator = iter(self.sampler)
+        for _ in range(self.num_skip):
+            next(iterator, None)
+        self.after_skip()
+        yield from iterator
+
+    def __len__(self) -> int:
+        return max(0, len(self.sampler) - self.num_skip)  # type: ignore[arg-type]
