@@ -15,6 +15,30 @@ from prudent.config import ProjectSettings
 from prudent.testing import make_settings
 
 
+# Threads meant to live as long as the test session: fsspec's shared IO loop, and servers
+# started by session fixtures (which register theirs here).
+SESSION_THREADS: set[threading.Thread] = set()
+_SESSION_THREAD_NAMES = ("fsspecIO", "asyncio_")
+
+
+def _is_session_thread(thread: threading.Thread) -> bool:
+    return thread in SESSION_THREADS or thread.name.startswith(_SESSION_THREAD_NAMES)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3-compatible server (moto's) on loopback, for the object-storage tests."""
+    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    before = set(threading.enumerate())
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    SESSION_THREADS.update(set(threading.enumerate()) - before)
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
 @pytest.fixture(autouse=True)
 def no_leaks() -> Iterator[None]:
     env_before = _environment()
@@ -23,7 +47,8 @@ def no_leaks() -> Iterator[None]:
     assert _environment() == env_before, "the test changed os.environ without restoring it"
     deadline = time.monotonic() + 5
     while True:
-        leaked = [t for t in threading.enumerate() if t not in threads_before and t.is_alive()]
+        leaked = [t for t in threading.enumerate()
+                  if t not in threads_before and t.is_alive() and not _is_session_thread(t)]
         if not leaked or time.monotonic() > deadline:
             break
         time.sleep(0.05)

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prudent.events import Component
 
@@ -47,6 +47,12 @@ class PreemptionSettings(BaseModel):
                               "service (tests point it at a local server).")
     poll_interval_s: float = Field(5.0, gt=0, description="Seconds between polls (AWS advises 5).")
     timeout_s: float = Field(1.0, gt=0, description="Timeout of one metadata request.")
+
+    @field_validator("watch", mode="before")
+    @classmethod
+    def _yaml_booleans(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `on` / `off` as true / false
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
 
 def detect_cloud(dmi_files: tuple[str, ...] = _DMI) -> str | None:

@@ -160,7 +160,7 @@ def _verdict(code: int) -> tuple[str, str | None, str]:
     if code == ExitCode.BAD_INPUT:
         return "failed", "error", "bad input: the run did not start (exit code 2)"
     reason = reason_for_exit_code(code)
-    if reason in _STOP_REASONS:
+    if reason in _STOP_REASONS or (reason or "").startswith("rule:"):
         return "stopped", reason, f"process exited with code {code}"
     return "failed", "error", f"process exited with code {code}"
 

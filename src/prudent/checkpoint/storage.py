@@ -64,6 +64,9 @@ class CheckpointStorage(ABC):
     @abstractmethod
     def delete(self, name: str) -> None: ...
 
+    @abstractmethod
+    def size(self, name: str, filename: str) -> int | None: ...
+
     def checkpoints(self) -> list[str]:
         """Checkpoint names, newest (highest step) first."""
         found = [n for n in self.names() if step_of(n) is not None]
@@ -115,6 +118,12 @@ class LocalStorage(CheckpointStorage):
     def delete(self, name: str) -> None:
         shutil.rmtree(self.root / name, ignore_errors=True)
 
+    def size(self, name: str, filename: str) -> int | None:
+        try:
+            return (self.root / name / filename).stat().st_size
+        except OSError:
+            return None
+
     def remove_stale_staging(self) -> int:
         """Staging folders left by a process killed mid-save."""
         stale = [p for p in self.root.glob(".tmp-ckpt-*")] + list(self.root.glob(".old-ckpt-*"))
@@ -161,6 +170,12 @@ class FsspecStorage(CheckpointStorage):
             self.fs.rm(f"{self.root}/{name}", recursive=True)
         except FileNotFoundError:
             pass
+
+    def size(self, name: str, filename: str) -> int | None:
+        try:
+            return int(self.fs.size(f"{self.root}/{name}/{filename}"))
+        except (FileNotFoundError, OSError):
+            return None
 
 
 def open_storage(url: str) -> CheckpointStorage:

@@ -53,14 +53,45 @@ class LoadedCheckpoint:
 
 def host_copy(obj: Any) -> Any:
     """A deep copy whose tensors live in host memory and share nothing with the originals."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: host_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        copied = [host_copy(v) for v in obj]
-        return copied if isinstance(obj, list) else tuple(copied)
-    return obj
+    return SnapshotBuffers().copy(obj)
+
+
+class SnapshotBuffers:
+    """Host tensors reused from one snapshot to the next.
+
+    Copying into memory that is already mapped is several times faster than allocating it
+    anew (a fresh 200 MB allocation spends most of its time in page faults), and it is what
+    keeps the training loop's stall small. Costs one extra copy of the state in host memory,
+    like DCP's cached staging buffers. Safe because a new snapshot starts only after the
+    previous one was written.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._pinned = torch.cuda.is_available()
+
+    def copy(self, obj: Any, path: tuple[Any, ...] = ()) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self._copy_tensor(obj.detach(), path)
+        if isinstance(obj, dict):
+            return {k: self.copy(v, (*path, k)) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            copied = [self.copy(v, (*path, i)) for i, v in enumerate(obj)]
+            return copied if isinstance(obj, list) else tuple(copied)
+        return obj
+
+    def _copy_tensor(self, tensor: torch.Tensor, path: tuple[Any, ...]) -> torch.Tensor:
+        buffer = self._buffers.get(path)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            pin = self._pinned and tensor.is_cuda
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin)
+            self._buffers[path] = buffer
+        buffer.copy_(tensor, non_blocking=tensor.is_cuda)
+        return buffer
+
+    def synchronize(self) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
 
 
 class CheckpointWriter:
@@ -71,15 +102,17 @@ class CheckpointWriter:
         self.known_bad: set[str] = set()
         self._results: queue.SimpleQueue[SaveResult] = queue.SimpleQueue()
         self._in_flight: threading.Thread | None = None
+        self._buffers = SnapshotBuffers()
 
     def save(self, step: int, payload: dict[str, Any], meta: dict[str, Any]) -> SaveResult | None:
         """Snapshot now; write now (sync, returns the result) or in the background (None)."""
         started = time.perf_counter()
-        self.wait()  # at most one save in flight
-        snapshot = host_copy(payload)
+        self.wait()  # at most one save in flight (and the buffers are free again)
+        if not self.asynchronous:  # the loop waits anyway: serialise the live tensors
+            return self._write(step, payload, meta, 0.0)
+        snapshot = self._buffers.copy(payload)
+        self._buffers.synchronize()
         stall_s = time.perf_counter() - started
-        if not self.asynchronous:
-            return self._write(step, snapshot, meta, stall_s)
         self._in_flight = threading.Thread(
             target=lambda: self._results.put(self._write(step, snapshot, meta, stall_s)),
             name="prudent-checkpoint-writer", daemon=True)
@@ -117,16 +150,24 @@ class CheckpointWriter:
             self._write_manifest(handle, step, digest, result.num_bytes, meta)
             result.path = self.storage.commit(handle)
             handle = None
-            problem, _ = _check(self.storage, name)
-            if problem is not None:
-                raise OSError(f"{name} failed its read-back check: it {problem}")
+            self._check_committed(name, result.num_bytes)
             result.deleted = self._retain(newest=name)
         except Exception as exc:  # reported as an event by the manager, never swallowed
             result.error = f"{type(exc).__name__}: {exc}"
             if handle is not None:
                 self.storage.abort(handle)
         result.write_s = time.perf_counter() - started
+        if not self.asynchronous:
+            result.stall_s = result.write_s
         return result
+
+    def _check_committed(self, name: str, num_bytes: int) -> None:
+        """The committed checkpoint is all there (the full checksum is checked on load)."""
+        if self.storage.read(name, MANIFEST_FILE) is None:
+            raise OSError(f"{name} has no manifest after commit")
+        size = self.storage.size(name, STATE_FILE)
+        if size != num_bytes:
+            raise OSError(f"{name}/{STATE_FILE} has {size} bytes after commit, expected {num_bytes}")
 
     def _write_state(self, handle: Any, snapshot: dict[str, Any]) -> tuple[str, int]:
         stream = self.storage.open_write(handle, STATE_FILE)

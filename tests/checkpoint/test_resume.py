@@ -1,0 +1,147 @@
+"""In-process exact resume: stop a run mid-epoch, start it again, compare with no stop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+import prudent
+from prudent.config import ProjectSettings
+from prudent.events import Component
+from prudent.store import Store
+from prudent.testing import make_settings
+
+
+class StopAt(Component):
+    name = "stop_at"
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, run: Any, metrics: Any) -> None:
+        if run.state.step == self.step:
+            run.request_stop("preempted", "test")
+
+
+class Stream(IterableDataset):  # type: ignore[type-arg]
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        g = torch.Generator().manual_seed(1)
+        for _ in range(12):
+            x = torch.randn(4, 8, generator=g)
+            yield x, (x[:, 0] > 0).long()
+
+
+def make_loader(kind: str) -> Any:
+    torch.manual_seed(123)
+    x = torch.randn(96, 8)
+    y = (x[:, 0] > 0).long()
+    if kind == "stream":
+        return DataLoader(Stream(), batch_size=None)
+    generator = torch.Generator().manual_seed(5) if kind == "generator" else None
+    return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True, generator=generator)
+
+
+def train(settings: ProjectSettings, kind: str, stop_at: int | None = None) -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+    extra = [StopAt(stop_at)] if stop_at else []
+    run = prudent.init(name="r", settings=settings, exit_on_stop=False)
+    for component in extra:
+        run.add_component(component)
+    run.attach(model=model, optimizer=opt, scheduler=sched, counters={"seen": 0})
+    loader = make_loader(kind)
+    with run:
+        for _ in run.epochs(3):
+            for x, y in run.batches(loader):
+                loss = F.cross_entropy(model(x), y)
+                run.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                sched.step()
+                run.objects["counters"]["seen"] += len(x)
+                run.step(loss=loss)
+    return {"status": run.status, "step": run.state.step, "model": model.state_dict(),
+            "opt": opt.state_dict(), "seen": run.objects["counters"]["seen"], "id": run.id}
+
+
+def same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("kind", ["global_rng", "generator"])
+@pytest.mark.parametrize("stop_at", [5, 12, 13, 30])  # mid-epoch, end of epoch 1, first of 2, ...
+def test_stop_and_resume_is_bit_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      kind: str, stop_at: int) -> None:
+    monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
+    reference = train(make_settings(tmp_path), kind)
+    monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
+    first = train(make_settings(tmp_path), kind, stop_at=stop_at)
+    assert (first["status"], first["step"]) == ("stopped", stop_at)
+    resumed = train(make_settings(tmp_path), kind)
+    assert resumed["status"] == "completed" and resumed["step"] == reference["step"] == 36
+    assert same(reference["model"], resumed["model"]) and same(reference["opt"], resumed["opt"])
+    assert resumed["seen"] == reference["seen"] == 288  # each sample seen exactly 3 times
+
+
+def test_unskippable_loader_is_read_and_discarded_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
+    reference = train(make_settings(tmp_path), "stream")
+    monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
+    train(make_settings(tmp_path), "stream", stop_at=5)
+    with pytest.warns(UserWarning, match="by reading and discarding 5 batches"):
+        resumed = train(make_settings(tmp_path), "stream")
+    assert same(reference["model"], resumed["model"])
+
+
+def test_resume_is_recorded_and_unattached_objects_are_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRUDENT_RUN_ID", "r1")
+    settings = make_settings(tmp_path)
+    train(settings, "generator", stop_at=7)
+    run = prudent.init(name="r", settings=settings, exit_on_stop=False)
+    run.attach(model=torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5),
+                                         torch.nn.Linear(16, 2)))
+    assert run.state.step == 7
+    run._finish("completed", None)
+    store = Store.open(settings.store)
+    messages = {e["name"]: e["message"] for e in store.events("r1")}
+    store.close()
+    assert messages["resumed"].startswith("resumed from ckpt-0000000007: step 7, epoch 1, 7 batches")
+    assert "holds counters, optimizer, scheduler but the script never attached it" in messages["not_restored"]
+
+
+def test_only_corrupt_checkpoints_start_fresh_or_refuse_when_strict(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("PRUDENT_RUN_ID", "r1")
+    train(make_settings(tmp_path), "generator", stop_at=7)
+    for state in (tmp_path / "runs" / "r1" / "checkpoints").glob("ckpt-*/state.pt"):
+        state.write_bytes(state.read_bytes()[:100])
+    fresh = train(make_settings(tmp_path), "generator")
+    assert fresh["step"] == 36 and "starting from scratch" in capsys.readouterr().err
+    train(make_settings(tmp_path), "generator", stop_at=40)  # completes; leaves good checkpoints
+    for state in (tmp_path / "runs" / "r1" / "checkpoints").glob("ckpt-*/state.pt"):
+        state.write_bytes(b"")
+    strict = make_settings(tmp_path, checkpoint={"strict_resume": True})
+    with pytest.raises(prudent.ConfigError, match="strict_resume is on"):
+        prudent.init(name="r", settings=strict, exit_on_stop=False)
+
+
+def test_attaching_something_that_cannot_be_restored_is_an_error(settings: ProjectSettings) -> None:
+    run = prudent.init(name="r", settings=settings, exit_on_stop=False)
+    with pytest.raises(prudent.ConfigError, match=r"run.attach\(epochs=...\) got a int"):
+        run.attach(epochs=3)
+    run._finish("completed", None)

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import pytest
+
+from prudent.config import ProjectSettings
+from prudent.errors import ConfigError
+from prudent.supervisor import Supervisor, _verdict
+
+
+@pytest.mark.parametrize(("code", "relaunch"), [
+    (75, True), (1, True), (-9, True),  # preempted, crashed, killed: relaunch
+    (0, False), (2, False), (3, False), (4, False), (5, False), (6, False), (127, False), (130, False),
+])
+def test_only_preemption_and_crashes_are_relaunched(settings: ProjectSettings, code: int,
+                                                    relaunch: bool) -> None:
+    supervisor = Supervisor(["true"], settings, max_restarts=3)
+    assert supervisor._should_relaunch(code, attempt=0) is relaunch
+    assert supervisor._should_relaunch(code, attempt=3) is False  # out of restarts
+
+
+def test_a_signal_from_the_user_prevents_relaunch(settings: ProjectSettings) -> None:
+    supervisor = Supervisor(["true"], settings, max_restarts=3)
+    supervisor._signals_seen = 1
+    assert not supervisor._should_relaunch(75, attempt=0)
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    (-9, ("failed", "error")), (0, ("completed", None)), (75, ("stopped", "preempted")),
+    (4, ("stopped", "budget")), (3, ("stopped", "rule:unknown")), (2, ("failed", "error")),
+])
+def test_verdict_for_a_child_that_did_not_close_its_record(code: int, expected: tuple[str, str | None]) -> None:
+    assert _verdict(code)[:2] == expected
+
+
+def test_bad_arguments_are_config_errors(settings: ProjectSettings) -> None:
+    with pytest.raises(ConfigError, match="--max-restarts must be >= 0"):
+        Supervisor(["true"], settings, max_restarts=-1)
+    with pytest.raises(ConfigError, match="no command to run"):
+        Supervisor([], settings)
