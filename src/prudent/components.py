@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from prudent.checkpoint import Checkpointer
 from prudent.console import ConsoleReporter
+from prudent.distributed import StopCoordinator, ranks_from_env
 from prudent.events import Component
 from prudent.preemption import PreemptionWatcher
 from prudent.recorder import MetricsRecorder
@@ -33,5 +34,8 @@ DEFAULT_COMPONENTS: list[ComponentFactory] = [
 
 
 def default_components(settings: ProjectSettings) -> list[Component]:
-    built = (factory(settings) for factory in DEFAULT_COMPONENTS)
-    return [component for component in built if component is not None]
+    """The default components; under torchrun, ranks other than 0 skip the writing ones."""
+    ranks = ranks_from_env()
+    built = [factory(settings) for factory in DEFAULT_COMPONENTS]
+    chosen = [c for c in built if c is not None and (ranks.is_main or not c.main_rank_only)]
+    return [StopCoordinator(ranks), *chosen] if ranks.is_distributed else chosen

@@ -36,6 +36,7 @@ class ConsoleSettings(BaseModel):
 
 class ConsoleReporter(Component):
     name = "console"
+    main_rank_only = True
     _REFRESH_S = 0.25
 
     def __init__(self, settings: ConsoleSettings | None = None, stream: TextIO | None = None):

@@ -59,6 +59,7 @@ class Component:
     """
 
     name: ClassVar[str] = "component"
+    main_rank_only: ClassVar[bool] = False  # under torchrun, only rank 0 gets this component
 
     def on_start(self, run: Run) -> None: ...
 

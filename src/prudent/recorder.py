@@ -20,6 +20,7 @@ __all__ = ["MetricsRecorder"]
 
 class MetricsRecorder(Component):
     name = "metrics"
+    main_rank_only = True
 
     def __init__(self, every_steps: int = 100, every_s: float = 0.5) -> None:
         self.every_steps = every_steps

@@ -24,7 +24,7 @@ from prudent.errors import ExitCode, StopRun, exit_code_for
 from prudent.events import Component, Event
 from prudent.signals import SignalStopper
 from prudent.state import RunState
-from prudent.store import Store, StoreWriter, to_floats
+from prudent.store import NullWriter, Store, StoreWriter, to_floats
 
 __all__ = ["Run"]
 
@@ -37,14 +37,15 @@ class Run:
     """One training run. Build it with :func:`prudent.init`, not directly."""
 
     def __init__(self, *, run_id: str, name: str, config: dict[str, Any],
-                 settings: ProjectSettings, store: Store, exit_on_stop: bool = True,
+                 settings: ProjectSettings, store: Store | None, exit_on_stop: bool = True,
                  components: Iterable[Component] | None = None) -> None:
         self.id = run_id
         self.name = name
         self.config = config
         self.settings = settings
-        self.store = store
-        self.writer = StoreWriter(store, settings.store.flush_interval_s)
+        self.store = store  # None on torchrun ranks other than 0: they write nothing
+        self.writer: StoreWriter | NullWriter = (
+            StoreWriter(store, settings.store.flush_interval_s) if store is not None else NullWriter())
         self.exit_on_stop = exit_on_stop
         self.state = RunState()
         self.objects: dict[str, Any] = {}
@@ -53,6 +54,7 @@ class Run:
         self.stop_deadline: float | None = None  # time.time() by which a stop must be done, if known
         self.status = "running"
         self._stop: tuple[str, str] | None = None
+        self.defer_stops = False  # True while ranks must first agree (see distributed.py)
         self._stop_announced = False
         self._closed = False
         self._device: Any = None
@@ -213,7 +215,7 @@ class Run:
         self.state.step += 1
         for handler in self._step_end:
             handler(self, metrics)
-        if self._stop is not None:
+        if self._stop is not None and not self.defer_stops:
             self._raise_stop()
 
     def log(self, **metrics: Any) -> None:
@@ -227,6 +229,15 @@ class Run:
     def stop_requested(self) -> str | None:
         """The reason of a pending stop request, if any (the run stops at the next check)."""
         return self._stop[0] if self._stop is not None else None
+
+    @property
+    def pending_stop(self) -> tuple[str, str] | None:
+        """``(reason, message)`` of the pending stop request, if any."""
+        return self._stop
+
+    def replace_stop(self, reason: str, message: str) -> None:
+        """Set the stop every rank agreed on (it may differ from this rank's own request)."""
+        self._stop = (reason, message)
 
     def request_stop(self, reason: str, message: str = "") -> None:
         """Ask the run to stop at the next step, batch or log; the first request wins.
@@ -248,7 +259,7 @@ class Run:
 
     # stopping -----------------------------------------------------------------------------
     def _check_stop(self) -> None:
-        if self._stop is not None:
+        if self._stop is not None and not self.defer_stops:
             self._raise_stop()
 
     def _raise_stop(self) -> None:
@@ -295,10 +306,11 @@ class Run:
                           stop_reason=reason, **payload)
         self.writer.flush()
         self.writer.close()
-        self.store.update_run(self.id, status=status, stop_reason=reason, ended_at=time.time(),
-                              exit_code=self.exit_code, step=self.state.step,
-                              epoch=self.state.epoch)
-        self.store.close()  # releases connections; the store reopens them if used again
+        if self.store is not None:
+            self.store.update_run(self.id, status=status, stop_reason=reason,
+                                  ended_at=time.time(), exit_code=self.exit_code,
+                                  step=self.state.step, epoch=self.state.epoch)
+            self.store.close()  # releases connections; the store reopens them if used again
         atexit.unregister(self._finish_at_exit)
 
     def _finish_at_exit(self) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from prudent.config import ProjectSettings, load_settings
+from prudent.distributed import Ranks, ranks_from_env
 from prudent.errors import ConfigError, ExitCode
 from prudent.events import Component
 from prudent.hparams import apply_overrides, overrides_from_env
@@ -38,18 +39,20 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
     ``config`` is the user's hyperparameters, overridden by ``prudent run --set`` or the tuner;
     ``objects`` (model=..., optimizer=...) are attached as with :meth:`Run.attach`.
     """
+    ranks = ranks_from_env()
     try:
         settings = settings or load_settings()
         resolved = apply_overrides(config or {}, overrides_from_env())
-        run_id = validate_run_id(os.environ.get(ENV_RUN_ID) or new_run_id(name or _script_name()))
+        run_id = validate_run_id(os.environ.get(ENV_RUN_ID) or _shared_run_id(name, ranks))
     except ConfigError as exc:
         if not exit_on_stop:
             raise
         print(f"prudent: error: {exc}", file=sys.stderr)
         raise SystemExit(int(ExitCode.BAD_INPUT)) from None
     name = os.environ.get(ENV_RUN_NAME) or name or _script_name()
-    store = Store.open(settings.store)
-    _register(store, run_id, name, resolved)
+    store = Store.open(settings.store) if ranks.is_main else None
+    if store is not None:
+        _register(store, run_id, name, resolved)
     run = Run(run_id=run_id, name=name, config=resolved, settings=settings, store=store,
               exit_on_stop=exit_on_stop, components=components)
     try:
@@ -68,6 +71,15 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
 def new_run_id(name: str) -> str:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()[:40] or "run"
     return f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def _shared_run_id(name: str | None, ranks: Ranks) -> str:
+    """Under torchrun every rank must name the same run: use the rendezvous id."""
+    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if ranks.is_distributed and elastic_id and elastic_id != "none":
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", name or _script_name()).strip("-").lower()[:40]
+        return f"{slug or 'run'}-{elastic_id}"[:128]
+    return new_run_id(name or _script_name())
 
 
 def _register(store: Store, run_id: str, name: str, config: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from prudent.errors import StoreError
 
-__all__ = ["SCHEMA_VERSION", "Store", "StoreSettings", "StoreWriter"]
+__all__ = ["SCHEMA_VERSION", "NullWriter", "Store", "StoreSettings", "StoreWriter"]
 
 log = logging.getLogger("prudent.store")
 
@@ -365,6 +365,27 @@ class StoreWriter:
         self.num_errors += 1
         if self.num_errors == 1:
             log.warning("prudent could not write to the run store (%s); training goes on", exc)
+
+
+class NullWriter:
+    """A StoreWriter that keeps nothing: for torchrun ranks other than 0."""
+
+    num_errors = 0
+
+    def __init__(self) -> None:
+        self.latest: dict[str, float] = {}
+
+    def put_metrics(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]]) -> None:
+        pass
+
+    def put_event(self, row: dict[str, Any]) -> None:
+        pass
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        pass
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        pass
 
 
 def to_floats(values: Iterable[Any]) -> list[float | None]:

@@ -66,7 +66,7 @@ class Supervisor:
             while True:
                 code = self._launch_and_wait()
                 self._close_record(store, code)
-                if not self._should_relaunch(code, attempt):
+                if not self._should_relaunch(code, attempt, store.get_run(self.run_id)):
                     return code if code >= 0 else 128 - code
                 attempt += 1
                 self._wait_before_relaunch(store, code, attempt)
@@ -78,10 +78,17 @@ class Supervisor:
                 signal.signal(sig, handler)
             store.close()
 
-    def _should_relaunch(self, code: int, attempt: int) -> bool:
-        """Preemption and crashes are relaunched; completion, stops and bad input are not."""
+    def _should_relaunch(self, code: int, attempt: int,
+                         record: dict[str, Any] | None = None) -> bool:
+        """Preemption and crashes are relaunched; completion, stops and bad input are not.
+
+        The run's own record wins over the exit code: torchrun reports any worker's non-zero
+        exit as 1, which would make a rule's stop look like a crash.
+        """
         if attempt >= self.max_restarts or self._signals_seen:
             return False
+        if record is not None and record["status"] in ("completed", "stopped"):
+            return record["stop_reason"] == "preempted"
         return code == ExitCode.PREEMPTED or code == ExitCode.ERROR or code < 0
 
     def _wait_before_relaunch(self, store: Store, code: int, attempt: int) -> None:

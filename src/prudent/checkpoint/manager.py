@@ -20,6 +20,7 @@ from prudent.checkpoint.schedule import SaveSchedule
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.checkpoint.storage import CheckpointStorage, open_storage
 from prudent.checkpoint.writer import CheckpointWriter, SaveResult, load_latest
+from prudent.distributed import ranks_from_env
 from prudent.errors import ConfigError
 from prudent.events import Component, Event
 
@@ -45,9 +46,11 @@ class Checkpointer(Component):
         self._saved_objects: dict[str, Any] = {}
         self._last_position: tuple[int, int, int] | None = None
         self._sync_save_s: float | None = None
+        self.read_only = False  # torchrun ranks other than 0 restore but never write
 
     # resume -------------------------------------------------------------------------------
     def on_start(self, run: Run) -> None:
+        self.read_only = not ranks_from_env().is_main
         self.storage = open_storage(self.settings.url or _default_location(run))
         self.writer = CheckpointWriter(self.storage, self.settings.keep,
                                        asynchronous=self.settings.mode == "async")
@@ -133,6 +136,8 @@ class Checkpointer(Component):
     def save(self, run: Run, reason: str, synchronous: bool = False) -> None:
         """Checkpoint the run now (a snapshot; written in the background unless synchronous)."""
         assert self.writer is not None
+        if self.read_only:
+            return
         state = run.state
         self._last_position = (state.step, state.epoch, state.batches_in_epoch)
         payload = {"objects": {k: _state_of(v) for k, v in run.objects.items()},

@@ -1,0 +1,41 @@
+"""Under torchrun (gloo on CPU): rank 0 writes, every rank restores, ranks stop together."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.e2e.conftest import Project, script
+from tests.e2e.test_resume import assert_identical, attempts, final_state
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            script("ddp_train.py"), *args]
+
+
+@pytest.mark.slow
+def test_stop_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(project: Project) -> None:
+    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "1000steps", "PRUDENT_CONSOLE": "off"})
+    reference = project.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
+                                *torchrun(), timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    for rank in (0, 1):
+        (project.path / f"rank{rank}.log").unlink()
+
+    result = project.prudent("run", "--run-id", "ddp", "--max-restarts", "1", "--restart-backoff-s",
+                             "0.1", "--set", "stop_rank1_at=11", "--", *torchrun(), timeout=300)
+    assert result.returncode == 0, result.stderr
+    rank0, rank1 = attempts(project.path / "rank0.log"), attempts(project.path / "rank1.log")
+    assert rank0[0][-1] == rank1[0][-1] == 11  # both ranks stopped after step 11
+    assert rank0[1][0] == rank1[1][0] == 12  # and both resumed at step 12
+    assert_identical(final_state(project.path / "ref.pt"), final_state(project.path / "final.pt"))
+    shown = project.show("ddp")
+    assert shown["restarts"] == 1 and shown["status"] == "completed"
+    stops = [e for e in shown["events"] if e["name"] == "stop_requested"]
+    assert stops and "(requested on rank 1)" in stops[0]["message"]
+    saved = [e for e in shown["events"] if e["name"] == "saved"]
+    assert [e["step"] for e in saved][:1] == [11]
+    checkpoints = project.path / ".prudent" / "runs" / "ddp" / "checkpoints"
+    assert len(list(checkpoints.glob("ckpt-*"))) >= 1
