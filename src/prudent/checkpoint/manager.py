@@ -152,7 +152,6 @@ class Checkpointer(Component):
         finally:
             self.writer.asynchronous = asynchronous
         if result is not None:
-            self._sync_save_s = result.stall_s + result.write_s
             self._report(run, [result])
 
     def _at_saved_position(self, run: Run) -> bool:
@@ -167,6 +166,7 @@ class Checkpointer(Component):
                 print(f"prudent: warning: {message}", file=sys.stderr)
                 run.record_event("checkpoint", "save_failed", message, step=result.step)
                 continue
+            self._sync_save_s = result.stall_s + result.write_s  # what an emergency save would take
             run.record_event("checkpoint", "saved", f"{result.name}: {result.num_bytes / 1e6:.1f} MB, "
                              f"loop blocked {result.stall_s * 1000:.1f} ms, written in "
                              f"{result.write_s:.2f} s", step=result.step, path=result.path,
