@@ -1,15 +1,15 @@
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
 import prudent
+from prudent.testing import local_http_server
 from prudent.config import ProjectSettings
 from prudent.preemption import PreemptionSettings, PreemptionWatcher, detect_cloud
 
@@ -38,13 +38,8 @@ class Metadata(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def metadata_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with local_http_server(Metadata) as url:
+        yield url
 
 
 @pytest.mark.parametrize(("cloud", "expected"), [("gcp", "GCP interruption notice: instance preempted"),

@@ -5,12 +5,16 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from prudent.config import ProjectSettings
 
-__all__ = ["FakeClock", "make_settings", "tiny_loader", "tiny_model"]
+__all__ = ["FakeClock", "local_http_server", "make_settings", "tiny_loader", "tiny_model"]
 
 
 def make_settings(home: str | Path, **sections: dict[str, Any]) -> ProjectSettings:
@@ -52,3 +56,20 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+@contextmanager
+def local_http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on 127.0.0.1 (a free port) and yield its base URL; stopped on exit.
+
+    For real HTTP peers in tests: a cloud metadata service, a webhook receiver.
+    """
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, name="prudent-test-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

@@ -10,11 +10,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
 
+from prudent.testing import local_http_server
 from tests.e2e.conftest import Project, script
 from tests.e2e.test_resume import assert_identical, attempts, final_state
 
@@ -51,13 +52,8 @@ class FakeImds(BaseHTTPRequestHandler):
 def imds() -> Iterator[str]:
     FakeImds.announce.clear()
     FakeImds.served.clear()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeImds)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with local_http_server(FakeImds) as url:
+        yield url
 
 
 @pytest.mark.slow
