@@ -145,3 +145,19 @@ def test_attaching_something_that_cannot_be_restored_is_an_error(settings: Proje
     with pytest.raises(prudent.ConfigError, match=r"run.attach\(epochs=...\) got a int"):
         run.attach(epochs=3)
     run._finish("completed", None)
+
+
+def test_auto_interval_saves_rarely_on_fast_steps(settings: ProjectSettings) -> None:
+    """A regression: auto used to save at nearly every step while its first write was in flight."""
+    run = prudent.init(name="fast", settings=settings, exit_on_stop=False)
+    weights = torch.zeros(2_000_000)
+    run.attach(weights=weights)
+    with run:
+        for _ in run.epochs(1):
+            for _ in run.batches(range(300)):
+                weights.add_(1.0)
+                run.step(loss=1.0)
+    store = Store.open(settings.store)
+    saves = [e for e in store.events(run.id) if e["name"] == "saved"]
+    store.close()
+    assert 1 <= len(saves) <= 3  # the measuring save, maybe the epoch end; not hundreds

@@ -55,3 +55,10 @@ def test_epoch_interval() -> None:
     schedule = SaveSchedule("2epochs", at_epoch_end=False, mtbi="6h")
     assert [e for e in range(6) if schedule.due_at_epoch_end(e)] == [1, 3, 5]
     assert not schedule.due_at_step(100)
+
+
+def test_auto_takes_one_measuring_save_then_waits_for_its_result() -> None:
+    schedule = SaveSchedule("auto", at_epoch_end=False, mtbi="6h")
+    assert schedule.due_at_step(1)
+    schedule.saved(1)
+    assert not any(schedule.due_at_step(s) for s in range(2, 100))  # the write is in flight

@@ -99,9 +99,12 @@ class Checkpointer(Component):
     def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
         if self.writer is None:
             return
-        if self.writer.asynchronous and not self.writer.busy:
+        busy = self.writer.busy
+        if not busy:
             self._report(run, self.writer.completed())
-        if run.stop_requested is None and self.schedule.due_at_step(run.state.step):
+        # auto never queues a save behind one in flight; fixed intervals are the user's call
+        if (run.stop_requested is None and not (busy and self.schedule.kind == "auto")
+                and self.schedule.due_at_step(run.state.step)):
             self.save(run, "periodic")
 
     def on_epoch_end(self, run: Run, epoch: int) -> None:

@@ -40,13 +40,15 @@ class SaveSchedule:
         self.interval_s = self.amount if self.kind == "seconds" else None
         self._last_step = 0
         self._last_time = clock()
+        self._num_saved = 0
 
     def due_at_step(self, step: int) -> bool:
         if self.kind == "steps":
             return step - self._last_step >= self.amount
         if self.kind == "seconds" or (self.kind == "auto" and self.interval_s is not None):
             return self.clock() - self._last_time >= (self.interval_s or 0.0)
-        return self.kind == "auto"  # auto, nothing measured yet: save now to measure
+        # auto before any measurement: one save to measure, then wait for its result
+        return self.kind == "auto" and self._num_saved == 0
 
     def due_at_epoch_end(self, finished_epoch: int) -> bool:
         if self.kind == "epochs":
@@ -56,6 +58,7 @@ class SaveSchedule:
     def saved(self, step: int) -> None:
         """A save was taken at ``step`` (now)."""
         self._last_step, self._last_time = step, self.clock()
+        self._num_saved += 1
 
     def measured(self, stall_s: float, write_s: float) -> str | None:
         """Feed a finished save's costs; returns an explanation when the auto interval changes."""

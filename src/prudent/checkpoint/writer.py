@@ -151,7 +151,9 @@ class CheckpointWriter:
 
     def completed(self) -> list[SaveResult]:
         """Results of background saves finished since the last call (training thread)."""
-        done = []
+        done: list[SaveResult] = []
+        if self._results.empty():  # the common case, without raising queue.Empty each step
+            return done
         while True:
             try:
                 done.append(self._results.get_nowait())
