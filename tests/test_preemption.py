@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import prudent
-from prudent.testing import local_http_server
 from prudent.config import ProjectSettings
 from prudent.preemption import PreemptionSettings, PreemptionWatcher, detect_cloud
+from prudent.testing import local_http_server
 
 AZURE_EVENTS = {"Events": [{"EventType": "Freeze"},
                            {"EventType": "Preempt", "NotBefore": "Mon, 19 Sep 2050 18:29:47 GMT"}]}

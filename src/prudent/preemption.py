@@ -15,8 +15,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from email.utils import parsedate_to_datetime
 from datetime import datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
