@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
-from pathlib import Path
 
 import pytest
 
