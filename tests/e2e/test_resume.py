@@ -114,6 +114,8 @@ def test_killed_many_times_ends_with_identical_weights(project: Project) -> None
     for kind, before, after in zip(kinds, runs, runs[1:]):
         repeated = before[-1] - after[0] + 1
         limit = 0 if kind == "SIGTERM" else (2 * EVERY if kind == "SIGKILL-during-write" else EVERY)
+        print(f"{kind:22s} at step {before[-1]:3d}: resumed at {after[0]:3d}, "
+              f"{repeated} steps done twice (limit {limit})")
         assert 0 <= repeated <= limit, f"{kind}: {repeated} steps done twice (limit {limit})"
     shown = project.show("victim")
     assert shown["restarts"] == len(kinds) and shown["status"] == "completed"
