@@ -18,7 +18,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable
 
-from prudent.components import default_components
 from prudent.config import ProjectSettings
 from prudent.errors import ExitCode, StopRun, exit_code_for
 from prudent.events import Component, Event
@@ -64,7 +63,11 @@ class Run:
         self._components: list[Component] = []
         self._handlers: dict[Event, list[Callable[..., None]]] = {event: [] for event in Event}
         self._step_end = self._handlers[Event.STEP_END]  # the hot path, looked up once
-        for component in components if components is not None else default_components(settings):
+        if components is None:
+            from prudent.components import default_components  # imports torch: not for the CLI
+
+            components = default_components(settings)
+        for component in components:
             self.add_component(component)
         self._signals = SignalStopper(self.request_stop)
 
