@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, Optional
 
@@ -13,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from prudent.config import load_settings
+from prudent.cost import commands as cost_commands
 from prudent.errors import ConfigError, ExitCode, PrudentError
 from prudent.hparams import parse_set_args
 from prudent.store import Store
@@ -30,22 +34,60 @@ def run(
     name: Optional[str] = typer.Option(None, "--name", help="A human name for the run."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a hyperparameter: "
                                              "--set lr=0.01 (YAML value); repeatable."),
+    profile_steps: Optional[str] = typer.Option(
+        None, "--profile-steps", metavar="START:STOP", help="Trace the steps after START "
+        "through STOP with torch.profiler, e.g. 100:110; trace and top operators go in the "
+        "run's folder."),
     max_restarts: int = typer.Option(0, "--max-restarts", help="Relaunch after a preemption or "
                                      "a crash up to N times; each attempt resumes from the "
                                      "newest checkpoint."),
     restart_backoff_s: float = typer.Option(1.0, "--restart-backoff-s", help="First wait before "
                                             "a relaunch; doubles each time, at most 60 s."),
+    instance: Optional[str] = typer.Option(None, "--instance", help="Where it runs, as "
+                                           "cloud:instance (see `prudent catalog`), for its cost."),
+    spot: Optional[bool] = typer.Option(None, "--spot/--on-demand", help="Billed at the spot price."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Machines in the job (price x nodes)."),
+    budget_usd: Optional[str] = typer.Option(None, "--budget-usd", help="Stop with a checkpoint "
+                                             "before the run's cost over all attempts passes this "
+                                             "(40 or '$40'); exit 4, resumable once raised."),
+    max_hours: Optional[str] = typer.Option(None, "--max-hours", help="Stop with a checkpoint "
+                                            "before the run's wall time passes this (12, '90min')."),
+    policy: Optional[str] = typer.Option(None, "--policy", help="Policy file (replaces the "
+                                         "policy: section); a job that breaks it exits 6."),
     config: Optional[str] = ConfigOption,
 ) -> None:
     """Supervise a training script: record it, pass --set overrides, forward signals, relaunch."""
+    from prudent.profile import parse_step_window
     from prudent.supervisor import Supervisor
 
     overrides = parse_set_args(set_ or [])
-    settings = load_settings(config)
+    if profile_steps is not None:
+        parse_step_window(profile_steps)  # bad input: exit 2 before anything is written
+    cost = cost_commands.cost_environ(instance, spot, nodes, budget_usd, max_hours, policy)
+    settings = load_settings(config, overrides={("profile", "steps"): profile_steps,
+                                                **cost_commands.as_overrides(cost)})
     supervisor = Supervisor(command or [], settings, run_id=run_id, name=name,
                             overrides=overrides, config_path=config, max_restarts=max_restarts,
                             restart_backoff_s=restart_backoff_s)
-    raise typer.Exit(supervisor.run())
+    cost_commands.check_or_exit(settings)  # a job the policy forbids: exit 6, nothing written
+    with _child_environ(PRUDENT_PROFILE_STEPS=profile_steps, **cost):
+        code = supervisor.run()
+    raise typer.Exit(code)
+
+
+@contextmanager
+def _child_environ(**values: str | None) -> Iterator[None]:
+    """Flags the child reads as PRUDENT_* variables (the supervisor passes its environment)."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update({key: value for key, value in values.items() if value is not None})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @app.command()
@@ -84,10 +126,41 @@ def show(
     detail = _summary(store, run)
     detail["events"] = [{k: e[k] for k in ("step", "kind", "name", "message", "payload", "wall")}
                         for e in store.events(run["id"])]
+    detail["profile"], detail["findings"] = _profile_of(detail["events"])
     if as_json:
         typer.echo(json.dumps(detail, indent=2))
         return
     _print_detail(detail)
+
+
+@app.command()
+def profile(
+    run_ref: str = typer.Argument(..., metavar="RUN", help="Run id, a unique prefix, or 'latest'."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    config: Optional[str] = ConfigOption,
+) -> None:
+    """Where a run's time went (data, compute, checkpoint, eval), and what to change."""
+    from prudent.profile.summary import print_profile
+
+    store = _open_store(config)
+    run_id = resolve_run(store, run_ref)
+    summary, findings = _profile_of(store.events(run_id))
+    if summary is None:
+        status = (store.get_run(run_id) or {}).get("status")
+        raise ConfigError(f"run {run_id} has no profile ({status}): a profile is written when "
+                          "a run ends; profiling was off, or the process was killed first")
+    if as_json:
+        typer.echo(json.dumps({"id": run_id, "profile": summary, "findings": findings}, indent=2))
+        return
+    print_profile(Console(), run_id, summary)
+
+
+def _profile_of(events: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The newest profile summary, and the findings recorded with it."""
+    summaries = [e for e in events if (e["kind"], e["name"]) == ("profile", "summary")]
+    findings = [{"id": e["name"], "step": e["step"], "message": e["message"],
+                 "evidence": e["payload"]} for e in events if e["kind"] == "finding"]
+    return (summaries[-1]["payload"] if summaries else None), findings
 
 
 def resolve_run(store: Store, ref: str) -> str:
@@ -118,7 +191,8 @@ def _summary(store: Store, run: dict[str, Any]) -> dict[str, Any]:
         "id": run["id"], "name": run["name"], "status": run["status"],
         "stop_reason": run["stop_reason"], "config": run["config"],
         "metrics": store.last_metrics(run["id"]), "restarts": run["restarts"],
-        "cost_usd": run["cost_usd"], "step": run["step"], "epoch": run["epoch"],
+        "cost_usd": run["cost_usd"], "cost": cost_commands.breakdown(store, run["id"]),
+        "step": run["step"], "epoch": run["epoch"],
         "host": run["host"], "command": run["command"], "exit_code": run["exit_code"],
         "started_at": run["started_at"], "ended_at": run["ended_at"],
         "duration_s": round(ended - run["started_at"], 3) if ended else None,
@@ -152,6 +226,11 @@ def _when(ts: float | None) -> str:
 
 def _duration(seconds: float | None) -> str:
     return str(timedelta(seconds=round(seconds))) if seconds is not None else ""
+
+
+app.command("catalog")(cost_commands.catalog)
+app.command("cost")(cost_commands.bill)
+app.add_typer(cost_commands.policy_app, name="policy")
 
 
 def main() -> None:

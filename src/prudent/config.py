@@ -6,6 +6,10 @@ validated before anything runs::
     store:   {home: .prudent, url: null, flush_interval_s: 0.5}
     console: {mode: auto, interval_s: 10}
     run:     {device: auto}
+    profile: {interval_s: 5, steps: null, thresholds: {input_bound_pct: 20}}
+    monitor: {check_every_steps: 10, rules: {stalled: {timeout_s: 10min}}}
+    cost:    {instance: aws:g5.xlarge, spot: true, budget_usd: $40, max_hours: 12}
+    policy:  {allowed_instances: ['aws:g5.*'], max_usd_per_day: 200}
 
 Precedence, lowest first: model defaults, ``prudent.yaml``, ``PRUDENT_*`` variables, CLI flags.
 The user's hyperparameters are not here: they are ``run.config`` (see :mod:`prudent.hparams`).
@@ -24,8 +28,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.console import ConsoleSettings
+from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.errors import ConfigError
+from prudent.monitor.settings import MonitorSettings
 from prudent.preemption import PreemptionSettings
+from prudent.profile.settings import ProfileSettings
 from prudent.store import StoreSettings
 
 __all__ = ["ENV_SETTINGS", "ProjectSettings", "RunSettings", "load_settings"]
@@ -58,8 +65,12 @@ class ProjectSettings(BaseModel):
     store: StoreSettings = Field(default_factory=StoreSettings)
     console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     run: RunSettings = Field(default_factory=RunSettings)
+    profile: ProfileSettings = Field(default_factory=ProfileSettings)
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     preemption: PreemptionSettings = Field(default_factory=PreemptionSettings)
+    monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    cost: CostSettings = Field(default_factory=CostSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
 
 
 # PRUDENT_* variable -> (section, key). Flags of the CLI map onto the same pairs.
@@ -68,10 +79,20 @@ ENV_SETTINGS: dict[str, tuple[str, str]] = {
     "PRUDENT_STORE_URL": ("store", "url"),
     "PRUDENT_CONSOLE": ("console", "mode"),
     "PRUDENT_DEVICE": ("run", "device"),
+    "PRUDENT_PROFILE": ("profile", "enabled"),
+    "PRUDENT_PROFILE_STEPS": ("profile", "steps"),
     "PRUDENT_CHECKPOINT_URL": ("checkpoint", "url"),
     "PRUDENT_CHECKPOINT_EVERY": ("checkpoint", "every"),
     "PRUDENT_METADATA_URL": ("preemption", "metadata_url"),
     "PRUDENT_PREEMPTION_WATCH": ("preemption", "watch"),
+    "PRUDENT_MONITOR": ("monitor", "enabled"),
+    "PRUDENT_INSTANCE": ("cost", "instance"),
+    "PRUDENT_SPOT": ("cost", "spot"),
+    "PRUDENT_NODES": ("cost", "nodes"),
+    "PRUDENT_BUDGET_USD": ("cost", "budget_usd"),
+    "PRUDENT_MAX_HOURS": ("cost", "max_hours"),
+    "PRUDENT_CATALOG": ("cost", "catalog_file"),
+    "PRUDENT_POLICY": ("cost", "policy_file"),
 }
 
 

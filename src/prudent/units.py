@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from prudent.errors import ConfigError
 
-__all__ = ["parse_duration_s", "parse_interval", "validate_run_id"]
+__all__ = ["parse_duration_s", "parse_hours", "parse_interval", "parse_usd", "validate_run_id"]
 
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|sec|min|m|h|hr|d)?\s*$")
@@ -57,3 +58,39 @@ def parse_interval(value: str | int) -> tuple[str, float]:
     if unit.startswith("epoch"):
         return "epochs", amount
     return "seconds", amount * _SECONDS[unit]
+
+
+_USD = re.compile(r"^\s*\$?\s*(-?[0-9]*\.?[0-9]+)\s*(usd|\$)?\s*$", re.IGNORECASE)
+
+
+def parse_usd(value: str | float, what: str = "amount") -> float:
+    """``"$40"``, ``"40usd"``, ``"12.5"`` or a number, as US dollars (never negative)."""
+    usd = _number_or_none(value)
+    if usd is None:
+        match = None if isinstance(value, bool) else _USD.match(str(value))
+        if not match:
+            raise ConfigError(f"{what} {value!r} is invalid: write dollars, e.g. '$40' or 40")
+        usd = float(match.group(1))
+    if usd < 0 or math.isnan(usd):
+        raise ConfigError(f"{what} {value!r} is invalid: it must be >= 0 dollars, e.g. '$40'")
+    return usd
+
+
+def _number_or_none(value: object) -> float | None:
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return float(value) if is_number else None  # type: ignore[arg-type]
+
+
+def parse_hours(value: str | float, what: str = "duration") -> float:
+    """Hours: a bare number means hours (``12``), a string may carry a unit (``"90min"``)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what} {value!r} is invalid: write hours, e.g. 12 or '90min'")
+    try:
+        hours = float(value)
+    except ValueError:
+        if not _DURATION.match(str(value)):
+            raise ConfigError(f"{what} {value!r} is invalid: write hours, e.g. 12 or '90min'") from None
+        hours = parse_duration_s(value) / 3600.0
+    if hours <= 0 or math.isnan(hours):
+        raise ConfigError(f"{what} {value!r} is invalid: it must be > 0 hours, e.g. 12 or '90min'")
+    return hours

@@ -34,8 +34,10 @@ def test_design_api_script_under_prudent_run_gets_set_overrides(project: Project
     assert (shown["status"], shown["config"], shown["step"]) == ("completed", {"lr": 0.01, "epochs": 2}, 24)
     assert set(shown) >= {"id", "name", "status", "stop_reason", "config", "metrics", "events",
                           "restarts", "cost_usd"}
-    assert [(e["kind"], e["name"]) for e in shown["events"] if e["kind"] != "checkpoint"] == [
+    assert [(e["kind"], e["name"]) for e in shown["events"]
+            if e["kind"] in ("lifecycle", "supervisor")] == [
         ("lifecycle", "start"), ("lifecycle", "end"), ("supervisor", "exit")]
+    assert ("profile", "summary") in [(e["kind"], e["name"]) for e in shown["events"]]
     assert any(e["name"] == "saved" for e in shown["events"])
 
 

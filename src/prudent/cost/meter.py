@@ -1,0 +1,232 @@
+"""CostMeter: the component that knows what the run has cost so far, and stops it in budget.
+
+Dollars = wall time x price per node-hour (spot price on spot) x nodes, summed over every
+attempt of the run id: a crashed or preempted attempt was billed too, so a relaunch adds to
+the stored ``cost_usd`` instead of starting again at zero. The training thread only reads the
+clock and compares it with a precomputed deadline (see :mod:`prudent.cost.budget`); the store
+is updated from a background thread every ``update_interval_s`` and once more at the end.
+No instance known (a laptop): the meter still times the run, at $0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TextIO
+
+from prudent.cost.budget import Limit, limits, stop_message
+from prudent.cost.catalog import load_catalog
+from prudent.cost.detect import with_detected
+from prudent.cost.policy import (
+    Job,
+    Spend,
+    check_job,
+    job_from_settings,
+    load_policy,
+    project_spend,
+)
+from prudent.cost.settings import CostSettings, PolicySettings
+from prudent.events import Component
+from prudent.units import parse_duration_s
+
+if TYPE_CHECKING:
+    from prudent.run import Run
+
+__all__ = ["CostMeter"]
+
+log = logging.getLogger("prudent.cost")
+
+
+class CostMeter(Component):
+    name = "cost"
+    main_rank_only = True  # rank 0 meters all nodes; the stop reaches every rank
+
+    def __init__(self, settings: CostSettings | None = None, *, quiet: bool = False,
+                 clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None) -> None:
+        self.settings = settings or CostSettings()
+        self.quiet = quiet
+        self.clock = clock
+        self.stream = stream or sys.stderr
+        self.job = Job()
+        self.limits: list[Limit] = []
+        self.prior_usd = 0.0
+        self.prior_s = 0.0
+        self.attempts = 1
+        self._t0: float | None = None
+        self._deadline = math.inf
+        self._last_check = 0.0
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # numbers ------------------------------------------------------------------------------
+    @property
+    def hourly_usd(self) -> float:
+        return self.job.hourly_usd
+
+    def attempt_s(self) -> float:
+        return 0.0 if self._t0 is None else self.clock() - self._t0
+
+    def total_usd(self) -> float:
+        """Dollars over every attempt of this run id, up to now."""
+        return self.prior_usd + self.hourly_usd * self.attempt_s() / 3600
+
+    # events -------------------------------------------------------------------------------
+    def on_start(self, run: Run) -> None:
+        catalog = load_catalog(self.settings.catalog_file)
+        self.settings, detected = with_detected(self.settings, run.settings.preemption, catalog)
+        if detected:
+            run.record_event("cost", "detect", detected)
+        self.job = job_from_settings(self.settings, catalog)  # unknown instance: ConfigError
+        policy = load_policy(run.settings)
+        self._arm(run, policy)
+        run.record_event("cost", "price", self._price_text(), **self._price())
+        if self.hourly_usd > 0:
+            self._say(run, self._price_text() + self._first_limit_text())
+        if self._deadline <= self._t0:  # spent already (a rerun without a raised budget)
+            self._limit_reached(run)
+        broken = check_job(policy, replace(self.job, hours=None, budget_usd=None),
+                           Spend(), catalog)  # money and time are enforced by the deadline
+        if broken:
+            run.request_stop("policy", "; ".join(v.message for v in broken))
+        if run.store is not None and self.hourly_usd > 0:
+            self._start_updates(run)
+
+    def _start_updates(self, run: Run) -> None:
+        self._thread = threading.Thread(target=self._update_store, args=(run,), daemon=True,
+                                        name="prudent-cost-meter")
+        self._thread.start()
+
+    def _arm(self, run: Run, policy: PolicySettings) -> None:
+        """Earlier attempts, the limits, and the deadline of the soonest one."""
+        self.prior_usd, self.prior_s, self.attempts = _prior_attempts(run)
+        spend = project_spend(run.store, exclude=run.id) if run.store is not None else Spend()
+        self.limits = limits(self.settings, policy, self.hourly_usd, self.prior_usd, self.prior_s,
+                             spend, run.id)
+        self._t0 = self.clock()
+        self._last_check = math.inf  # the first step's time includes the script's setup
+        margin_s = parse_duration_s(self.settings.stop_margin)
+        first = self.limits[0].seconds_left - margin_s if self.limits else math.inf
+        self._deadline = self._t0 + first
+
+    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+        now = self.clock()
+        step_s, self._last_check = max(0.0, now - self._last_check), now
+        if now + 2 * step_s >= self._deadline:  # the next steps would run past the limit
+            self._limit_reached(run)
+
+    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+        if self.clock() >= self._deadline:
+            self._limit_reached(run)
+
+    def on_epoch_end(self, run: Run, epoch: int) -> None:
+        self.on_log(run, {})
+
+    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+        if self._t0 is None:
+            return  # on_start failed: nothing was metered
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        breakdown = self.breakdown()
+        run.record_event("cost", "meter", self._summary_text(breakdown), **breakdown)
+        if run.store is not None:
+            run.store.update_run(run.id, cost_usd=breakdown["total_usd"])
+        if self.hourly_usd > 0:
+            self._say(run, self._summary_text(breakdown))
+
+    def state_dict(self) -> dict[str, Any]:
+        # Informational only: the store, not the checkpoint, holds the truth about money spent
+        # (attempts after the newest checkpoint were billed too).
+        return {"total_usd": self.total_usd(), "attempts": self.attempts}
+
+    # internals ----------------------------------------------------------------------------
+    def breakdown(self) -> dict[str, Any]:
+        """What ``prudent show --json`` reports as ``cost``."""
+        attempt_s, hourly = self.attempt_s(), self.hourly_usd
+        total = self.prior_usd + hourly * attempt_s / 3600
+        on_demand_hourly = replace(self.job, spot=False).hourly_usd
+        on_demand = total * on_demand_hourly / hourly if hourly > 0 else 0.0
+        return {**self._price(), "attempt_s": round(attempt_s, 3),
+                "attempt_usd": round(hourly * attempt_s / 3600, 6),
+                "prior_usd": round(self.prior_usd, 6), "attempts": self.attempts,
+                "total_s": round(self.prior_s + attempt_s, 3), "total_usd": round(total, 6),
+                "on_demand_usd": round(on_demand, 6), "saved_usd": round(on_demand - total, 6),
+                "limits": [{"reason": lim.reason, "key": lim.key, "amount": lim.amount}
+                           for lim in self.limits]}
+
+    def _price(self) -> dict[str, Any]:
+        instance = self.job.instance
+        return {"instance": instance.ref if instance else None, "spot": self.job.spot,
+                "nodes": self.job.nodes, "gpus": self.job.num_gpus,
+                "hourly_usd": self.hourly_usd,
+                "on_demand_hourly_usd": replace(self.job, spot=False).hourly_usd,
+                "prices_as_of": instance.prices_as_of if instance else None}
+
+    def _price_text(self) -> str:
+        if self.job.instance is None and self.job.node_hourly_usd is None:
+            return "no instance given (cost.instance, --instance): metered at $0"
+        prior = f", ${self.prior_usd:.2f} spent before" if self.prior_usd else ""
+        return f"metered at {self.job.describe()}{prior}"
+
+    def _first_limit_text(self) -> str:
+        if not self.limits or math.isinf(self.limits[0].seconds_left):
+            return ""
+        limit = self.limits[0]
+        return f"; {limit.key} {limit.amount} stops it in {max(0.0, limit.seconds_left) / 60:.1f} min"
+
+    def _summary_text(self, b: dict[str, Any]) -> str:
+        saved = f", saved ${b['saved_usd']:.2f} on spot" if b["saved_usd"] > 0.005 else ""
+        return (f"cost ${b['total_usd']:.2f} in all ({b['attempts']} attempt"
+                f"{'s' * (b['attempts'] != 1)}; this one ${b['attempt_usd']:.2f} for "
+                f"{b['attempt_s'] / 60:.1f} min at ${self.hourly_usd:.2f}/h){saved}")
+
+    def _limit_reached(self, run: Run) -> None:
+        self._deadline = math.inf  # once: the run is stopping
+        limit = self.limits[0]
+        total_s = self.prior_s + self.attempt_s()
+        message = stop_message(limit, self.total_usd(), total_s, self.hourly_usd, self.attempts)
+        run.record_event("cost", "limit", message, reason=limit.reason, key=limit.key,
+                         total_usd=self.total_usd(), total_s=total_s)
+        self._say(run, message)
+        run.request_stop(limit.reason, message)
+
+    def _say(self, run: Run, text: str) -> None:
+        if not self.quiet:
+            print(f"prudent | {run.id} | {text}", file=self.stream, flush=True)
+
+    def _update_store(self, run: Run) -> None:
+        failures = 0
+        while not self._done.wait(self.settings.update_interval_s):
+            try:
+                run.store.update_run(run.id, cost_usd=self.total_usd())  # type: ignore[union-attr]
+            except Exception as exc:  # noqa: BLE001 - the meter must never take training down
+                failures += 1
+                if failures == 1:
+                    log.warning("prudent could not store the run's cost (%s); training goes on", exc)
+
+
+def _prior_attempts(run: Run) -> tuple[float, float, int]:
+    """Dollars and seconds of this run id's earlier attempts, and this attempt's number.
+
+    Dollars come from the stored ``cost_usd`` (updated while they ran); seconds from each
+    attempt's final ``cost/meter`` event or, for an attempt killed before it could write one,
+    from its last event of any kind.
+    """
+    if run.store is None:
+        return 0.0, 0.0, 1
+    record = run.store.get_run(run.id) or {}
+    attempts: list[list[float]] = []  # [start wall, last wall, known seconds or -1]
+    for event in run.store.events(run.id):
+        if (event["kind"], event["name"]) == ("cost", "price"):
+            attempts.append([event["wall"], event["wall"], -1.0])
+        elif attempts:
+            attempts[-1][1] = event["wall"]
+            if (event["kind"], event["name"]) == ("cost", "meter"):
+                attempts[-1][2] = float(event["payload"].get("attempt_s", -1.0))
+    seconds = sum(known if known >= 0 else last - start for start, last, known in attempts)
+    return float(record.get("cost_usd") or 0.0), seconds, len(attempts) + 1

@@ -1,0 +1,245 @@
+"""What a rule sees (:class:`Window`), what it says (:class:`Finding`), and the :class:`Rule` base.
+
+Rules are plain Python over host floats: the monitor turns the device's statistics into a
+:class:`Window` a few steps at a time (one transfer per device), so a rule never touches a
+tensor and never makes the device wait.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "ActionName", "ActivationSample", "EvalSample",
+           "Finding", "LayerSample",
+           "MemorySample", "Rule", "RuleSettings", "Window", "action_default",
+           "finite", "fmt", "warmup_default"]
+
+ActionName = Literal["stop", "reduce_lr", "alert", "capture", "prune"]
+ACTION_NAMES: tuple[str, ...] = ("alert", "capture", "prune", "reduce_lr", "stop")
+
+
+class RuleSettings(BaseModel):
+    """The fields every rule has; a rule's own ``Settings`` subclasses this and adds its knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Run this rule.")
+    action: list[ActionName] = Field(default_factory=lambda: ["stop"], description="What to do "
+                                     "when it fires: stop, reduce_lr, alert, capture or prune; "
+                                     "one or a list, done in order.")
+    warmup_steps: int = Field(0, ge=0, description="Steps at the start of the run during which "
+                              "the rule does not fire (initialisation transients).")
+    cooldown_steps: int = Field(100, ge=0, description="After firing, the rule stays silent for "
+                                "this many steps (matters for actions that do not stop).")
+
+    @field_validator("action", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+LR_FRACTION_HELP = ("The rule sleeps while the learning rate is below this fraction of its peak: "
+                    "a schedule's tail is meant to flatten the loss and shrink the updates.")
+
+
+def action_default(*names: str) -> Any:
+    """A rule's own default for ``action`` (the field keeps its type and description)."""
+    return Field(default_factory=lambda: list(names),
+                 description=RuleSettings.model_fields["action"].description)
+
+
+def warmup_default(steps: int) -> Any:
+    """A rule's own default for ``warmup_steps``."""
+    return Field(steps, ge=0, description=RuleSettings.model_fields["warmup_steps"].description)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A rule's verdict: at ``step`` a ``value`` crossed a ``threshold``; ``message`` says so
+    with the numbers (``loss is NaN at step 1834 (last finite 2.31)``)."""
+
+    step: int
+    value: float | None
+    threshold: float | None
+    message: str
+
+
+@dataclass(frozen=True)
+class LayerSample:
+    """Per-layer statistics taken at one step every ``sample_every_steps``.
+
+    ``grad_rms``: RMS of each weight matrix's gradient (tensors with >= 2 dims, where a near
+    zero gradient is a symptom rather than an artefact like a bias before a BatchNorm).
+    ``update_ratio``: ||weights after the optimizer step - before|| / ||before|| over all
+    parameters; ``layer_update_ratio`` the same per tensor.
+    """
+
+    step: int
+    grad_rms: dict[str, float]
+    update_ratio: float | None = None
+    layer_update_ratio: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ActivationSample:
+    """For each hooked activation (``name`` -> fraction): ReLU units that never fired over the
+    sampled batch, or sigmoid/tanh units that stayed saturated over it (``kinds`` says which)."""
+
+    step: int
+    inactive: dict[str, float]
+    kinds: dict[str, str]
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    step: int
+    host_bytes: int | None
+    device_bytes: int | None
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    """What ``run.log`` reported, with the mean training loss since the previous log."""
+
+    step: int
+    metrics: dict[str, float]
+    train_loss: float | None
+
+
+@dataclass
+class Window:
+    """The host values of a few consecutive steps, handed to every rule at once.
+
+    ``steps``, ``loss`` and ``grad_norm`` are parallel lists: ``loss[i]`` is the loss passed to
+    ``run.step`` at ``steps[i]`` (None when the loop passed none), ``grad_norm[i]`` the global
+    gradient norm (None on steps it was not measured). The sample lists hold what was measured
+    in these steps, usually nothing. Values may be NaN or infinite.
+    """
+
+    steps: list[int] = field(default_factory=list)
+    loss: list[float | None] = field(default_factory=list)
+    grad_norm: list[float | None] = field(default_factory=list)
+    layers: list[LayerSample] = field(default_factory=list)
+    activations: list[ActivationSample] = field(default_factory=list)
+    memory: list[MemorySample] = field(default_factory=list)
+    evals: list[EvalSample] = field(default_factory=list)
+    lr: float | None = None
+    peak_lr: float | None = None
+    amp: bool = False
+    _finite: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
+                                                    compare=False)
+
+    def present(self) -> frozenset[str]:
+        """The parts holding anything: ``steps``, ``layers``, ``activations``, ``memory``,
+        ``evals`` (what :attr:`Rule.needs` is matched against)."""
+        return frozenset(name for name in _PARTS if getattr(self, name))
+
+    def losses(self) -> Iterator[tuple[int, float | None]]:
+        return zip(self.steps, self.loss)
+
+    def all_finite(self) -> bool:
+        """No loss or gradient norm is NaN or infinite: the usual case, checked in one pass."""
+        total = sum(v for v in self.loss if v is not None)
+        return math.isfinite(total + sum(g for g in self.grad_norm if g is not None))
+
+    def finite_losses(self) -> list[tuple[int, float]]:
+        """``(step, loss)`` for the finite losses (computed once per window, shared by rules)."""
+        if self._finite is None:
+            self._finite = [(s, v) for s, v in zip(self.steps, self.loss)
+                            if v is not None and math.isfinite(v)]
+        return self._finite
+
+    def grad_norms(self) -> Iterator[tuple[int, float]]:
+        return ((s, g) for s, g in zip(self.steps, self.grad_norm) if g is not None)
+
+    def in_schedule_tail(self, min_lr_fraction: float) -> bool:
+        """True when the learning rate is below ``min_lr_fraction`` of its peak so far."""
+        if not self.lr or not self.peak_lr:
+            return False
+        return self.lr < min_lr_fraction * self.peak_lr
+
+
+_PARTS = ("steps", "layers", "activations", "memory", "evals")
+
+
+def finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def fmt(value: float | None) -> str:
+    """A number for a message: 4 significant digits, ``NaN``/``inf`` spelled as people read them."""
+    if value is None:
+        return "none"
+    if math.isnan(value):
+        return "NaN"
+    return f"{value:.4g}"
+
+
+class Rule:
+    """A check on the training's statistics. Subclass it, set ``name`` and ``Settings``, and
+    implement :meth:`check`; register it with :func:`prudent.monitor.register_rule`.
+
+    Contract (``tests/monitor/test_rule_contract.py`` holds every rule to it):
+
+    * ``check(window)`` is called on the training thread with consecutive windows, in step
+      order, never overlapping. It must be cheap pure Python (no tensors, no I/O), must not
+      raise on empty lists, ``None`` or NaN, and returns the *earliest* :class:`Finding` in the
+      window or ``None``.
+    * Non-finite values are ``non_finite``'s business: every other rule skips them, so one NaN
+      is reported once, by the rule that names it.
+    * Noise is not a finding: a rule ignores ``settings.warmup_steps`` and single outliers.
+    * After returning a Finding the rule starts over (clears what it accumulated), so with an
+      action that does not stop it fires again only once the condition builds up anew.
+    * Its state is plain data listed in ``state_fields`` (numbers, lists, dicts, deques of
+      numbers), so ``state_dict()`` survives ``torch.load(weights_only=True)`` and a resumed
+      run carries on exactly as the original would have.
+    * ``needs`` names the parts of the window it reads (``steps``, ``layers``,
+      ``activations``, ``memory``, ``evals``); the monitor does not call it for a window where
+      they are all empty. The default, all of them, is always right, just slower.
+    """
+
+    name: ClassVar[str] = "rule"
+    Settings: ClassVar[type[RuleSettings]] = RuleSettings
+    state_fields: ClassVar[tuple[str, ...]] = ()
+    needs: ClassVar[frozenset[str]] = frozenset(_PARTS)
+
+    def __init__(self, settings: RuleSettings | None = None) -> None:
+        self.settings = settings if settings is not None else self.Settings()
+
+    def check(self, window: Window) -> Finding | None:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Forget what was accumulated (called by the rule itself after it fires)."""
+        fresh = type(self)(self.settings)
+        for name in self.state_fields:
+            setattr(self, name, getattr(fresh, name))
+
+    def active_at(self, step: int) -> bool:
+        return step > self.settings.warmup_steps
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: _plain(getattr(self, name)) for name in self.state_fields}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name in self.state_fields:
+            if name in state:
+                current = getattr(self, name)
+                value = state[name]
+                if isinstance(current, deque):
+                    value = deque(value, maxlen=current.maxlen)
+                setattr(self, name, value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, deque):
+        return list(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value

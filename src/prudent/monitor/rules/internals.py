@@ -1,0 +1,137 @@
+"""Rules on the network's insides, sampled every few steps: update sizes and dead units."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from prudent.monitor.base import (
+    LR_FRACTION_HELP,
+    ActionName,
+    ActivationSample,
+    Finding,
+    LayerSample,
+    Rule,
+    RuleSettings,
+    Window,
+    action_default,
+    finite,
+    fmt,
+    warmup_default,
+)
+
+__all__ = ["DeadActivationsRule", "UpdateRatioRule"]
+
+
+class UpdateRatioSettings(RuleSettings):
+    action: list[ActionName] = action_default("alert")
+    warmup_steps: int = warmup_default(100)
+    min_ratio: float = Field(1e-6, gt=0, description="Fire when ||update|| / ||weights|| stays "
+                             "below this (updates too small to learn: a learning rate typo); "
+                             "SageMaker's 1e-8 misses an lr 100x too small...")
+    max_ratio: float = Field(1.0, gt=0, description="...or above this (each step rewrites the "
+                             "weights; SageMaker: 10). Healthy training sits near 1e-3.")
+    patience: int = Field(3, ge=1, description="Layer samples in a row (one every "
+                          "monitor.sample_every_steps).")
+    min_lr_fraction: float = Field(0.2, ge=0, le=1, description=LR_FRACTION_HELP)
+
+
+class UpdateRatioRule(Rule):
+    """The optimizer's step is far too small or far too large for the weights it changes.
+
+    Measured over all parameters together (a zero-initialised bias alone would look
+    infinite); steps where nothing changed (a skipped AMP step) do not count.
+    """
+
+    name = "update_ratio"
+    needs = frozenset({"layers"})
+    Settings = UpdateRatioSettings
+    settings: UpdateRatioSettings
+    state_fields = ("low", "high")
+
+    def __init__(self, settings: UpdateRatioSettings | None = None) -> None:
+        super().__init__(settings)
+        self.low = 0
+        self.high = 0
+
+    def check(self, window: Window) -> Finding | None:
+        tail = window.in_schedule_tail(self.settings.min_lr_fraction)
+        for sample in window.layers:
+            finding = self._judge(sample, tail)
+            if finding is not None:
+                self.reset()
+                return finding
+        return None
+
+    def _judge(self, sample: LayerSample, tail: bool) -> Finding | None:
+        ratio, s = sample.update_ratio, self.settings
+        if not finite(ratio) or ratio == 0 or not self.active_at(sample.step):
+            return None
+        self.high = self.high + 1 if ratio > s.max_ratio else 0  # type: ignore[operator]
+        self.low = self.low + 1 if ratio < s.min_ratio and not tail else 0  # type: ignore[operator]
+        if self.high >= s.patience:
+            name, worst = _largest(sample.layer_update_ratio)
+            return Finding(sample.step, ratio, s.max_ratio, (
+                f"updates too large: ||update||/||weights|| is {fmt(ratio)} at step {sample.step} "
+                f"(largest {name}: {fmt(worst)}), above {s.max_ratio:g} for {self.high} samples "
+                "in a row: is the learning rate too high?"))
+        if self.low >= s.patience:
+            return Finding(sample.step, ratio, s.min_ratio, (
+                f"updates too small: ||update||/||weights|| is {fmt(ratio)} at step {sample.step}, "
+                f"below {s.min_ratio:g} for {self.low} samples in a row: is the learning rate "
+                "too low?"))
+        return None
+
+
+class DeadActivationsSettings(RuleSettings):
+    action: list[ActionName] = action_default("alert")
+    max_fraction: float = Field(0.7, gt=0, le=1, description="Fire when more than this fraction "
+                                "of a layer's units never fired (ReLU) or stayed saturated "
+                                "(sigmoid, tanh) over a sampled batch (SageMaker's DeadRelu: "
+                                "0.5, per unit over 1% of samples)...")
+    patience: int = Field(3, ge=1, description="...in this many samples in a row.")
+
+
+class DeadActivationsRule(Rule):
+    """Most units of an activation layer are dead or saturated, so they pass no gradient.
+
+    Sees ``nn.ReLU``/``ReLU6``/``Sigmoid``/``Tanh`` modules (hooked on sampled steps only);
+    functional calls such as ``F.relu`` inside ``forward`` are invisible to it.
+    """
+
+    name = "dead_activations"
+    needs = frozenset({"activations"})
+    Settings = DeadActivationsSettings
+    settings: DeadActivationsSettings
+    state_fields = ("count",)
+
+    def __init__(self, settings: DeadActivationsSettings | None = None) -> None:
+        super().__init__(settings)
+        self.count = 0
+
+    def check(self, window: Window) -> Finding | None:
+        for sample in window.activations:
+            finding = self._judge(sample)
+            if finding is not None:
+                self.reset()
+                return finding
+        return None
+
+    def _judge(self, sample: ActivationSample) -> Finding | None:
+        fractions = {k: v for k, v in sample.inactive.items() if finite(v)}
+        if not fractions or not self.active_at(sample.step):
+            return None
+        name, worst = _largest(fractions)
+        s = self.settings
+        self.count = self.count + 1 if worst > s.max_fraction else 0
+        if self.count < s.patience:
+            return None
+        state = "saturated" if sample.kinds.get(name) == "saturated" else "dead"
+        return Finding(sample.step, worst, s.max_fraction, (
+            f"{worst:.0%} of the units after {name} were {state} over the batch at step "
+            f"{sample.step} (threshold {s.max_fraction:.0%}, {self.count} samples in a row)"))
+
+
+def _largest(values: dict[str, float]) -> tuple[str, float]:
+    if not values:
+        return "?", float("nan")
+    return max(values.items(), key=lambda kv: kv[1])

@@ -1,0 +1,197 @@
+"""Rules on the numbers themselves: NaN/inf, gradients that blow up, gradients that vanish."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+from pydantic import Field
+
+from prudent.monitor.base import (
+    ActionName,
+    Finding,
+    LayerSample,
+    Rule,
+    RuleSettings,
+    Window,
+    action_default,
+    finite,
+    fmt,
+    warmup_default,
+)
+
+__all__ = ["ExplodingGradientRule", "NonFiniteRule", "VanishingGradientRule"]
+
+
+class NonFiniteSettings(RuleSettings):
+    amp_patience: int = Field(20, ge=1, description="With a GradScaler attached, overflowing "
+                              "gradients are normal (the scaler skips the step and lowers its "
+                              "scale): fire only after this many in a row.")
+
+
+class NonFiniteRule(Rule):
+    """The loss or the global gradient norm is NaN or infinite (Keras' TerminateOnNaN checks
+    only the loss; a NaN gradient poisons the weights one step before the loss shows it)."""
+
+    name = "non_finite"
+    needs = frozenset({"steps"})
+    Settings = NonFiniteSettings
+    settings: NonFiniteSettings
+    state_fields = ("last_finite", "overflows")
+
+    def __init__(self, settings: NonFiniteSettings | None = None) -> None:
+        super().__init__(settings)
+        self.last_finite: float | None = None
+        self.overflows = 0
+
+    def check(self, window: Window) -> Finding | None:
+        if window.all_finite():  # the fast path, nearly every window
+            finite = window.finite_losses()
+            self.last_finite = finite[-1][1] if finite else self.last_finite
+            if any(g is not None for g in window.grad_norm):
+                self.overflows = 0
+            return None
+        for step, loss, norm in zip(window.steps, window.loss, window.grad_norm):
+            if not self.active_at(step):
+                continue
+            finding = self._check_loss(step, loss) or self._check_grad(step, norm, window.amp)
+            if finding is not None:
+                self.reset()
+                return finding
+        return None
+
+    def _check_loss(self, step: int, loss: float | None) -> Finding | None:
+        if loss is None:
+            return None
+        if math.isfinite(loss):
+            self.last_finite = loss
+            return None
+        return Finding(step, loss, None, f"loss is {fmt(loss)} at step {step} "
+                       f"(last finite {fmt(self.last_finite)})")
+
+    def _check_grad(self, step: int, norm: float | None, amp: bool) -> Finding | None:
+        if norm is None:
+            return None
+        if math.isfinite(norm):
+            self.overflows = 0
+            return None
+        self.overflows += 1
+        if amp and self.overflows < self.settings.amp_patience:
+            return None
+        streak = f", {self.overflows} steps in a row with a GradScaler" if amp else ""
+        return Finding(step, norm, None, f"gradient norm is {fmt(norm)} at step {step}{streak} "
+                       f"(last finite loss {fmt(self.last_finite)})")
+
+
+class ExplodingGradientSettings(RuleSettings):
+    warmup_steps: int = warmup_default(50)
+    factor: float = Field(10.0, gt=1, description="Fire when the gradient norm exceeds this "
+                          "multiple of its median over the last `window` measured steps...")
+    patience: int = Field(2, ge=1, description="...on this many measured steps in a row (a "
+                          "single hard batch is not an explosion).")
+    window: int = Field(100, ge=5, description="Measured steps in the median baseline.")
+    max_norm: float | None = Field(None, gt=0, description="Also fire at once above this "
+                                   "absolute gradient norm (off by default).")
+
+
+class ExplodingGradientRule(Rule):
+    """The global gradient norm rose far above its recent median and stayed there."""
+
+    name = "exploding_gradient"
+    needs = frozenset({"steps"})
+    Settings = ExplodingGradientSettings
+    settings: ExplodingGradientSettings
+    state_fields = ("history", "above")
+
+    def __init__(self, settings: ExplodingGradientSettings | None = None) -> None:
+        super().__init__(settings)
+        self.history: deque[float] = deque(maxlen=self.settings.window)
+        self.above = 0
+
+    def check(self, window: Window) -> Finding | None:
+        # the baseline is fixed per window: one median per check, not one per step
+        baseline = statistics.median(self.history) if len(self.history) >= 5 else None
+        for step, norm in window.grad_norms():
+            if not math.isfinite(norm):
+                continue
+            finding = self._judge(step, norm, baseline)
+            if finding is not None:
+                self.reset()
+                return finding
+            self.history.append(norm)
+        return None
+
+    def _judge(self, step: int, norm: float, baseline: float | None) -> Finding | None:
+        s = self.settings
+        if not self.active_at(step):
+            return None
+        if s.max_norm is not None and norm > s.max_norm:
+            return Finding(step, norm, s.max_norm, f"gradient norm {fmt(norm)} at step {step} "
+                           f"is above max_norm {fmt(s.max_norm)}")
+        if not baseline or norm <= s.factor * baseline:
+            self.above = 0
+            return None
+        self.above += 1
+        if self.above < s.patience:
+            return None
+        return Finding(step, norm, s.factor * baseline, (
+            f"gradient norm {fmt(norm)} at step {step} is {norm / baseline:.3g}x its median "
+            f"{fmt(baseline)} over the last {len(self.history)} measured steps, "
+            f"{self.above} measured steps in a row (threshold {s.factor:g}x)"))
+
+
+class VanishingGradientSettings(RuleSettings):
+    action: list[ActionName] = action_default("alert")
+    min_rms: float = Field(1e-7, gt=0, description="Fire when a weight's gradient RMS is below "
+                           "this (SageMaker's VanishingGradient threshold)...")
+    min_ratio: float = Field(1e-4, gt=0, lt=1, description="...or below this fraction of the "
+                             "largest layer's (scale-free: catches a deep stack that starves "
+                             "its first layers).")
+    patience: int = Field(3, ge=1, description="Layer samples in a row (one every "
+                          "monitor.sample_every_steps).")
+
+
+class VanishingGradientRule(Rule):
+    """Some weight matrices get (almost) no gradient, measured per layer every few steps.
+
+    Exactly-zero gradients are skipped: an unused parameter or dead units are not vanishing
+    (``dead_activations`` reports the latter).
+    """
+
+    name = "vanishing_gradient"
+    needs = frozenset({"layers"})
+    Settings = VanishingGradientSettings
+    settings: VanishingGradientSettings
+    state_fields = ("count",)
+
+    def __init__(self, settings: VanishingGradientSettings | None = None) -> None:
+        super().__init__(settings)
+        self.count = 0
+
+    def check(self, window: Window) -> Finding | None:
+        for sample in window.layers:
+            finding = self._judge(sample)
+            if finding is not None:
+                self.reset()
+                return finding
+        return None
+
+    def _judge(self, sample: LayerSample) -> Finding | None:
+        rms = {k: v for k, v in sample.grad_rms.items() if finite(v) and v > 0}
+        if not rms or not self.active_at(sample.step):
+            return None
+        low_name, low = min(rms.items(), key=lambda kv: kv[1])
+        high_name, high = max(rms.items(), key=lambda kv: kv[1])
+        s = self.settings
+        relative = low / high if len(rms) > 1 else 1.0
+        if low >= s.min_rms and relative >= s.min_ratio:
+            self.count = 0
+            return None
+        self.count += 1
+        if self.count < s.patience:
+            return None
+        return Finding(sample.step, low, s.min_rms, (
+            f"gradients vanish in {low_name}: RMS {low:.2g} at step {sample.step}, "
+            f"{relative:.1g} of the largest ({high_name}, {high:.2g}); thresholds "
+            f"{s.min_rms:g} absolute or {s.min_ratio:g} relative, {self.count} samples in a row"))

@@ -1,0 +1,230 @@
+"""Rules on learning progress: a flat loss, a loss that climbs back, validation that worsens."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Literal
+
+from pydantic import Field
+
+from prudent.monitor.base import (
+    LR_FRACTION_HELP,
+    EvalSample,
+    Finding,
+    Rule,
+    RuleSettings,
+    Window,
+    finite,
+    fmt,
+    warmup_default,
+)
+
+__all__ = ["DivergenceRule", "LossNotDecreasingRule", "OverfittingRule"]
+
+class LossNotDecreasingSettings(RuleSettings):
+    warmup_steps: int = warmup_default(100)
+    window: int = Field(200, ge=1, description="Steps averaged into one block mean (averaging "
+                        "over many mini-batches is what makes the comparison meaningful).")
+    patience: int = Field(5, ge=1, description="Fire after this many blocks in a row without "
+                          "improving on the best block mean.")
+    min_improvement: float = Field(0.01, ge=0, lt=1, description="Relative improvement over the "
+                                   "best block mean that counts as progress (0.01 = 1%).")
+    min_lr_fraction: float = Field(0.2, ge=0, le=1, description=LR_FRACTION_HELP)
+
+
+class LossNotDecreasingRule(Rule):
+    """No relative improvement of the mean training loss over ``patience`` blocks of
+    ``window`` steps (SageMaker's LossNotDecreasing compares single steps 10 apart, which the
+    noise of mini-batches makes a coin toss)."""
+
+    name = "loss_not_decreasing"
+    needs = frozenset({"steps"})
+    Settings = LossNotDecreasingSettings
+    settings: LossNotDecreasingSettings
+    state_fields = ("block_sum", "block_count", "best", "best_step", "waited")
+
+    def __init__(self, settings: LossNotDecreasingSettings | None = None) -> None:
+        super().__init__(settings)
+        self.block_sum = 0.0
+        self.block_count = 0
+        self.best: float | None = None
+        self.best_step = 0
+        self.waited = 0
+
+    def check(self, window: Window) -> Finding | None:
+        tail = window.in_schedule_tail(self.settings.min_lr_fraction)
+        warmup = self.settings.warmup_steps
+        for step, loss in window.finite_losses():
+            if step <= warmup:
+                continue
+            self.block_sum += loss
+            self.block_count += 1
+            if self.block_count == self.settings.window:
+                finding = self._close_block(step, tail)
+                if finding is not None:
+                    self.reset()
+                    return finding
+        return None
+
+    def _close_block(self, step: int, tail: bool) -> Finding | None:
+        s = self.settings
+        mean = self.block_sum / self.block_count
+        self.block_sum, self.block_count = 0.0, 0
+        if self.best is None or mean < self.best - s.min_improvement * abs(self.best):
+            self.best, self.best_step, self.waited = mean, step, 0
+            return None
+        self.waited = 0 if tail else self.waited + 1
+        if self.waited < s.patience:
+            return None
+        target = self.best - s.min_improvement * abs(self.best)
+        return Finding(step, mean, target, (
+            f"loss has not improved by {s.min_improvement:.0%} for {self.waited * s.window} "
+            f"steps: its mean over the {s.window} steps to step {step} is {fmt(mean)}, the best "
+            f"such mean {fmt(self.best)} (to step {self.best_step})"))
+
+
+class DivergenceSettings(RuleSettings):
+    warmup_steps: int = warmup_default(100)
+    window: int = Field(50, ge=4, description="Steps whose interquartile mean smooths the loss "
+                        "(the middle half: single hard batches and lucky ones do not count).")
+    progress_lost: float = Field(0.5, gt=0, description="Fire when the smoothed loss gives back "
+                                 "this fraction of the progress from its first value to its "
+                                 "best...")
+    min_rise: float = Field(1.0, gt=0, description="...and rises at least this fraction of "
+                            "|best| above its best (so a run that made little progress is not "
+                            "judged on noise).")
+
+
+class DivergenceRule(Rule):
+    """The smoothed loss climbed far above its best (Lightning's ``divergence_threshold`` is
+    one absolute number the user must know in advance; this one is relative to the run)."""
+
+    name = "divergence"
+    needs = frozenset({"steps"})
+    Settings = DivergenceSettings
+    settings: DivergenceSettings
+    state_fields = ("recent", "start", "best", "best_step")
+
+    def __init__(self, settings: DivergenceSettings | None = None) -> None:
+        super().__init__(settings)
+        self.recent: deque[float] = deque(maxlen=self.settings.window)
+        self.start: float | None = None
+        self.best: float | None = None
+        self.best_step = 0
+
+    def check(self, window: Window) -> Finding | None:
+        finite_losses = window.finite_losses()
+        if not finite_losses:
+            return None
+        self.recent.extend(loss for _, loss in finite_losses)
+        last = finite_losses[-1][0]
+        if len(self.recent) < self.settings.window:
+            return None
+        finding = self._judge(last, _interquartile_mean(self.recent))
+        if finding is not None:
+            self.reset()
+        return finding
+
+    def _judge(self, step: int, smoothed: float) -> Finding | None:
+        # the start and the best count from the first steps; only firing waits for warm-up
+        if self.start is None or self.best is None:
+            self.start = self.best = smoothed
+            self.best_step = step
+        if smoothed < self.best:
+            self.best, self.best_step = smoothed, step
+        if not self.active_at(step):
+            return None
+        s = self.settings
+        allowed = max(s.progress_lost * (self.start - self.best), s.min_rise * abs(self.best))
+        if smoothed <= self.best + allowed:
+            return None
+        return Finding(step, smoothed, self.best + allowed, (
+            f"loss diverged: {fmt(smoothed)} at step {step} (mean of the middle half of the last "
+            f"{s.window} steps), up from its best {fmt(self.best)} at step {self.best_step}; it "
+            f"started at {fmt(self.start)} (threshold {fmt(self.best + allowed)})"))
+
+
+def _interquartile_mean(values: deque[float]) -> float:
+    ordered = sorted(values)
+    quarter = len(ordered) // 4
+    middle = ordered[quarter:len(ordered) - quarter]
+    return sum(middle) / len(middle)
+
+
+_HIGHER_IS_BETTER = ("acc", "auc", "f1", "precision", "recall", "score", "map", "iou", "bleu")
+
+
+class OverfittingSettings(RuleSettings):
+    metric: str = Field("val_loss", description="The validation metric passed to run.log.")
+    mode: Literal["auto", "min", "max"] = Field("auto", description="Whether lower or higher "
+                                                "is better; auto: max for names with acc, auc, "
+                                                "f1, precision, recall, score, map, iou, bleu.")
+    patience: int = Field(3, ge=1, description="Evaluations in a row worse than the best "
+                          "(Lightning's EarlyStopping: 3; Keras': 0).")
+    min_worsening: float = Field(0.01, ge=0, description="How much worse than the best counts, "
+                                 "relative to |best| (0.01 = 1%): flat is not worse.")
+
+
+class OverfittingRule(Rule):
+    """Validation got worse for ``patience`` evaluations while the training loss kept falling.
+
+    Needs ``run.log(val_loss=...)`` (or the configured metric); silent without it.
+    """
+
+    name = "overfitting"
+    needs = frozenset({"evals"})
+    Settings = OverfittingSettings
+    settings: OverfittingSettings
+    state_fields = ("best", "best_step", "best_train", "worse")
+
+    def __init__(self, settings: OverfittingSettings | None = None) -> None:
+        super().__init__(settings)
+        self.best: float | None = None
+        self.best_step = 0
+        self.best_train: float | None = None
+        self.worse = 0
+
+    @property
+    def sign(self) -> float:
+        mode = self.settings.mode
+        if mode == "auto":
+            name = self.settings.metric.lower()
+            mode = "max" if any(word in name for word in _HIGHER_IS_BETTER) else "min"
+        return -1.0 if mode == "max" else 1.0
+
+    def check(self, window: Window) -> Finding | None:
+        for sample in window.evals:
+            finding = self._judge(sample)
+            if finding is not None:
+                self.reset()
+                return finding
+        return None
+
+    def _judge(self, sample: EvalSample) -> Finding | None:
+        value = sample.metrics.get(self.settings.metric)
+        if not finite(value) or not self.active_at(sample.step):
+            return None
+        score = self.sign * value  # type: ignore[operator]
+        if self.best is None or score < self.best:
+            self.best, self.best_step, self.best_train = score, sample.step, sample.train_loss
+            self.worse = 0
+            return None
+        worse = score > self.best + self.settings.min_worsening * abs(self.best)
+        self.worse = self.worse + 1 if worse else 0
+        if self.worse < self.settings.patience or not self._training_improved(sample):
+            return None
+        return Finding(sample.step, value, self.sign * self.best, self._message(sample, value))
+
+    def _training_improved(self, sample: EvalSample) -> bool:
+        if not finite(sample.train_loss) or not finite(self.best_train):
+            return True  # without a training loss this is plain early stopping
+        return sample.train_loss < self.best_train  # type: ignore[operator]
+
+    def _message(self, sample: EvalSample, value: float) -> str:
+        metric, best = self.settings.metric, self.sign * self.best  # type: ignore[operator]
+        text = (f"overfitting: {metric} {fmt(value)} at step {sample.step} is worse than its best "
+                f"{fmt(best)} (step {self.best_step}) for {self.worse} evaluations in a row")
+        if finite(sample.train_loss) and finite(self.best_train):
+            text += (f" while the training loss fell from {fmt(self.best_train)} to "
+                     f"{fmt(sample.train_loss)}")
+        return text

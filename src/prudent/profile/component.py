@@ -1,0 +1,301 @@
+"""Profiler: the component that times every step, samples the system and says what to change.
+
+On the training thread it only reads ``time.perf_counter()`` and adds floats (see
+:class:`StepTimer`); the system sampler is a thread of its own; the diagnosis, the summary
+event, ``profile.json`` and the console line happen once, at the end. It should be the first
+component: then its ``on_step_end`` marks the end of the user's compute before other
+components' handlers (a synchronous checkpoint save among them) take their time.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, TextIO
+
+from prudent.events import Component
+from prudent.profile.diagnosis import Facts, diagnose
+from prudent.profile.sampler import MB, SystemSampler
+from prudent.profile.settings import ProfileSettings
+from prudent.profile.summary import build_summary, summary_line
+from prudent.profile.timer import StepTimer, batch_size
+from prudent.profile.trace import TraceWindow
+
+if TYPE_CHECKING:
+    from prudent.run import Run
+
+__all__ = ["Profiler"]
+
+clock = time.perf_counter
+TOKENS = "tokens"  # run.step(tokens=n) counts tokens for tokens/s
+
+
+class Profiler(Component):
+    name = "profile"
+
+    def __init__(self, settings: ProfileSettings | None = None, quiet: bool = False,
+                 stream: TextIO | None = None) -> None:
+        self.settings = settings or ProfileSettings()
+        self.timer = StepTimer(self.settings.thresholds.outlier_factor, self.settings.warmup_steps)
+        self.sampler = SystemSampler(self.settings.interval_s, self._progress)
+        window = self.settings.window
+        self.trace = TraceWindow(window) if window is not None else None
+        self.summary: dict[str, Any] | None = None
+        self.quiet = quiet
+        self._stream = stream
+        self._next_special = 1  # the next step that needs a look: the first, or the trace's
+        self._first_seen = False
+        self._device = "cpu"
+        self._cuda_index: int | None = None
+        self._gpu_position: int | None = None  # the training GPU in the sampler's list
+        self._sync: Any = None
+        self._every = max(1, self.settings.sync_every)
+        self._synced = [0, 0.0, 0.0]  # steps timed with a device sync: count, wait s, compute s
+        self._trace_info: dict[str, Any] | None = None
+        self._async_checkpoints = 0
+        self._training_thread = threading.get_ident()
+
+    # events: the hot path first -----------------------------------------------------------
+    def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None:
+        self.timer.batch_loaded(clock(), wait_s, batch_size(batch))
+
+    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+        step = run.state.step
+        synced = sampled = False
+        if self._sync is not None:  # CUDA: time device work truly on one step in `every`
+            phase = step % self._every
+            if phase == 0 or phase == self._every - 1:
+                self._sync()  # the step before drains the queue, the sampled one is timed
+                synced, sampled = True, phase == 0
+        tokens = metrics.get(TOKENS)
+        compute = self.timer.step_end(clock(), 0.0 if tokens is None else _number(tokens),
+                                      synced)  # a drained queue looks like a stall: no outlier
+        if sampled:
+            self._synced[0] += 1
+            self._synced[1] += self.timer.last_wait_s
+            self._synced[2] += compute
+        if step >= self._next_special:
+            self._special(run, step, metrics)
+
+    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+        self.timer.logged(clock())
+
+    def on_checkpoint_saved(self, run: Run, path: str) -> None:
+        if self.summary is not None:  # a save that finished after our on_end: not profiled
+            return
+        if threading.get_ident() == self._training_thread:
+            self.timer.checkpoint_saved(clock())
+        else:  # an asynchronous save finished: the training thread did not wait for it
+            self._async_checkpoints += 1
+
+    # rare events --------------------------------------------------------------------------
+    def on_start(self, run: Run) -> None:
+        self._training_thread = threading.get_ident()
+        self.timer.start(clock())
+        self.sampler.start()
+        if self.trace is not None and self.trace.window.start == 0:
+            self._begin_trace(run, 0)
+
+    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+        import torch
+
+        for obj in objects.values():
+            if isinstance(obj, torch.nn.Module):
+                parameter = next(obj.parameters(), None)
+                if parameter is not None:
+                    self._use_device(parameter.device)
+                    return
+
+    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+        try:
+            self.timer.finish(clock())
+            self._close_trace(run)
+        finally:
+            self.sampler.stop()
+        try:
+            self._report(run)
+        except Exception as exc:  # the run's own end record matters more than its profile
+            print(f"prudent: the profile of {run.id} could not be written: {exc!r}",
+                  file=sys.stderr)
+
+    # steps that need a look ---------------------------------------------------------------
+    def _special(self, run: Run, step: int, metrics: dict[str, Any]) -> None:
+        if not self._first_seen:
+            self._first_seen = True
+            self.timer.number_steps_from(step - 1)
+            if self._cuda_index is None:
+                self._device_from_metrics(metrics)
+            self._check_window_reachable(run, step)
+        trace = self.trace
+        if trace is not None and trace.state == "waiting" and step == trace.window.start:
+            self._begin_trace(run, step)
+        elif trace is not None and trace.state == "tracing":
+            if step >= trace.window.stop:
+                self._end_trace(run, step)
+            else:
+                trace.step()
+        self._next_special = self._next_special_step(step)
+
+    def _next_special_step(self, step: int) -> int:
+        trace = self.trace
+        if trace is None or trace.state in ("written", "skipped", "failed"):
+            return sys.maxsize
+        if trace.state == "tracing":
+            return step + 1
+        return trace.window.start if trace.window.start > step else sys.maxsize
+
+    def _check_window_reachable(self, run: Run, step: int) -> None:
+        trace, state = self.trace, run.state
+        if trace is None or trace.state != "waiting":
+            return
+        last = (state.num_epochs or 0) * (state.batches_per_epoch or 0)
+        if trace.window.start < step - 1:
+            self._skip_trace(run, f"the run resumed at step {step - 1}, after its start")
+        elif last and trace.window.start >= last:
+            self._skip_trace(run, f"training ends at step {last} at the latest "
+                             f"({state.num_epochs} epochs x {state.batches_per_epoch} batches)")
+
+    # the trace window ---------------------------------------------------------------------
+    def _begin_trace(self, run: Run, step: int) -> None:
+        assert self.trace is not None
+        try:
+            self.trace.begin(self._cuda_index is not None, step)
+            self.timer.excluding = True
+        except Exception as exc:
+            self.trace.state = "failed"
+            self._trace_info = {"steps": str(self.trace.window), "message": f"failed: {exc!r}"}
+            run.record_event("profile", "trace_failed", f"torch.profiler did not start: {exc!r}")
+
+    def _end_trace(self, run: Run, step: int) -> None:
+        assert self.trace is not None
+        self.timer.excluding = False
+        try:
+            self._trace_info = self.trace.end(run.run_dir, step)
+        except Exception as exc:
+            self.trace.state = "failed"
+            self._trace_info = {"steps": str(self.trace.window), "message": f"failed: {exc!r}"}
+            run.record_event("profile", "trace_failed", f"the trace was not written: {exc!r}")
+            return
+        info = self._trace_info
+        run.record_event("profile", "trace", f"trace of steps {info['steps']} written to "
+                         f"{info['trace']} (open it in ui.perfetto.dev); operators in "
+                         f"{info['ops_table']}", **info)
+
+    def _skip_trace(self, run: Run, why: str) -> None:
+        assert self.trace is not None
+        self.trace.state = "skipped"
+        window = self.trace.window
+        message = (f"--profile-steps {window} was not traced: {why}. Choose a window inside the "
+                   "run, e.g. --profile-steps 10:20")
+        self._trace_info = {"steps": str(window), "message": message}
+        run.record_event("profile", "trace_skipped", message, steps=str(window))
+        self._say(run, message)
+
+    def _close_trace(self, run: Run) -> None:
+        trace = self.trace
+        if trace is None:
+            return
+        if trace.state == "tracing":  # the run ended inside the window: keep what was traced
+            self._end_trace(run, run.state.step)
+        elif trace.state == "waiting":
+            self._skip_trace(run, f"the run ended at step {run.state.step}, before step "
+                             f"{trace.window.start}")
+
+    # the device ---------------------------------------------------------------------------
+    def _use_device(self, device: Any) -> None:
+        self._device = str(device)
+        if device.type != "cuda":
+            return
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._cuda_index = index
+        self._gpu_position = self._sampled_gpu(index)
+        if self.settings.sync_every:
+            self._sync = lambda: torch.cuda.synchronize(index)
+        self.sampler.device_memory = lambda: (torch.cuda.memory_allocated(index) / MB,
+                                              torch.cuda.memory_reserved(index) / MB)
+
+    def _sampled_gpu(self, index: int) -> int:
+        import torch
+
+        try:
+            uuid = str(torch.cuda.get_device_properties(index).uuid)
+        except Exception:
+            return index
+        position = self.sampler.gpu_position(uuid)
+        return index if position is None else position
+
+    def _device_from_metrics(self, metrics: dict[str, Any]) -> None:
+        for value in metrics.values():
+            device = getattr(value, "device", None)
+            if device is not None:
+                self._use_device(device)
+                return
+
+    def _device_memory(self) -> tuple[float | None, float | None]:
+        if self._cuda_index is None:
+            return None, None
+        import torch
+
+        total = torch.cuda.get_device_properties(self._cuda_index).total_memory / MB
+        return total, torch.cuda.max_memory_reserved(self._cuda_index) / MB
+
+    # the end ------------------------------------------------------------------------------
+    def _progress(self) -> tuple[int, int, float]:
+        timer = self.timer
+        return timer.num_steps, timer.num_samples, timer.num_tokens
+
+    def _report(self, run: Run) -> None:
+        facts = self._facts(run)
+        findings = diagnose(facts, self.settings.thresholds)
+        summary = build_summary(
+            self.timer, self.sampler.samples, device=self._device,
+            findings=[f.to_dict() for f in findings], trace=self._trace_info,
+            synced_steps=self._synced_summary(), async_checkpoints=self._async_checkpoints,
+            gpu_note=self.sampler.gpu_note if self._cuda_index is not None else "",
+            interval_s=self.settings.interval_s)
+        self.summary = summary
+        for finding in findings:
+            run.record_event("finding", finding.id, finding.message, **finding.evidence)
+        line = summary_line(summary)
+        run.record_event("profile", "summary", line, **summary)
+        path = run.run_dir / "profile.json"
+        path.write_text(json.dumps({**summary, "timeline": self.sampler.samples}, indent=1,
+                                   default=str) + "\n")
+        self._say(run, line)
+
+    def _facts(self, run: Run) -> Facts:
+        timer = self.timer
+        total_mb, peak_mb = self._device_memory()
+        step_time = timer.step_time()
+        return Facts(
+            num_steps=timer.num_steps, breakdown=timer.breakdown(),
+            step_median_s=step_time["median_s"] if step_time else None,
+            num_evals=timer.num_evals, num_checkpoints=timer.num_checkpoints,
+            outliers=timer.outliers, num_outliers=timer.num_outliers,
+            outlier_excess_s=timer.outlier_excess_s,
+            batches_per_epoch=run.state.batches_per_epoch, device=self._device,
+            gpu_index=self._gpu_position, device_total_mb=total_mb,
+            device_peak_reserved_mb=peak_mb, samples=self.sampler.samples)
+
+    def _synced_summary(self) -> dict[str, Any] | None:
+        count, wait, compute = self._synced
+        if not count:
+            return None
+        return {"num_steps": count, "data_ms": round(1e3 * wait / count, 4),
+                "compute_ms": round(1e3 * compute / count, 4), "every": self._every}
+
+    def _say(self, run: Run, text: str) -> None:
+        if not self.quiet:
+            print(f"prudent | {run.id} | {text}", file=self._stream or sys.stderr, flush=True)
+
+
+def _number(value: Any) -> float:
+    """A token count: a Python number costs nothing; a tensor on a GPU costs a sync."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0

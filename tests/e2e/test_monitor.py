@@ -1,0 +1,243 @@
+"""The failure-injection suite: real training scripts, each sick in one way or healthy, run as
+real processes with prudent's default rules. Each sick one must be caught by its rule; no
+healthy one may raise anything.
+
+Scripts: ``tests/e2e/scripts/monitor_*.py``; they print ``SCENARIO planned=N onset=S``. The
+scenarios of one test module run two at a time (they are mostly waiting for torch to import).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from prudent.store import Store
+from tests.e2e.conftest import SCRIPTS, Project
+
+HANG = {"monitor": {"rules": {"stalled": {"timeout_s": 3, "grace_s": 2}}}}
+NO_CHECKPOINTS = {"checkpoint": {"enabled": False}}  # saves are not what these runs test
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    rule: str | None  # the rule that must catch it; None: healthy
+    action: str = "stop"
+    supervised: bool = False  # run under `prudent run`
+    settings: Any = None  # prudent.yaml, beyond the defaults
+    checkpoints: bool = False
+
+
+@dataclass
+class Outcome:
+    scenario: Scenario
+    project: Project
+    result: subprocess.CompletedProcess[str]
+    run: dict[str, Any]
+    events: list[dict[str, Any]]
+
+    @property
+    def rules_fired(self) -> list[tuple[str, int]]:
+        return [(e["name"], e["payload"]["detected_at"]) for e in self.events if e["kind"] == "rule"]
+
+    @property
+    def scenario_line(self) -> tuple[int, int | None]:
+        match = re.search(r"SCENARIO planned=(\d+) onset=(\w+)", self.result.stdout)
+        assert match, self.result.stderr[-2000:]
+        onset = match.group(2)
+        return int(match.group(1)), int(onset) if onset.isdigit() else None
+
+
+FAST = [
+    Scenario("nan_batch", "non_finite"),
+    Scenario("high_lr", "exploding_gradient", supervised=True, checkpoints=True),
+    Scenario("hang", "stalled", supervised=True, settings=HANG),
+    Scenario("healthy_noisy", None),
+    Scenario("healthy_spikes", None),
+]
+SLOW = [
+    Scenario("divergence", "divergence"),
+    Scenario("deep_sigmoid", "vanishing_gradient", action="alert"),
+    Scenario("shuffled_labels", "loss_not_decreasing"),
+    Scenario("tiny_lr", "update_ratio", action="alert"),
+    Scenario("dead_relu", "dead_activations", action="alert"),
+    Scenario("leak", "memory_growth", action="alert"),
+    Scenario("overfit", "overfitting"),
+    Scenario("healthy_mlp", None),
+    Scenario("healthy_regression", None),
+    Scenario("healthy_cnn", None),
+]
+
+
+def run_scenario(scenario: Scenario, root: Path) -> Outcome:
+    project = Project(root / scenario.name)
+    project.path.mkdir()
+    settings = {**(scenario.settings or {}), **({} if scenario.checkpoints else NO_CHECKPOINTS)}
+    (project.path / "prudent.yaml").write_text(json.dumps(settings))
+    script = str(SCRIPTS / f"monitor_{scenario.name}.py")
+    run_id = f"mon-{scenario.name}"
+    if scenario.supervised:
+        result = project.prudent("run", "--run-id", run_id, "--", sys.executable, script,
+                                 timeout=300)
+    else:
+        project.env["PRUDENT_RUN_ID"] = run_id
+        result = project.python(script, timeout=300)
+    database = project.path / ".prudent" / "prudent.db"
+    assert database.exists(), f"{scenario.name} did not start:\n{result.stderr[-3000:]}"
+    store = Store(f"sqlite:///{database}")
+    try:
+        return Outcome(scenario, project, result, store.get_run(run_id) or {},
+                       store.events(run_id))
+    finally:
+        store.close()
+
+
+def run_all(scenarios: list[Scenario], root: Path) -> dict[str, Outcome]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = list(pool.map(lambda s: run_scenario(s, root), scenarios))
+    return {o.scenario.name: o for o in outcomes}
+
+
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
+    return run_all(FAST, tmp_path_factory.mktemp("monitor-fast"))
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcome]:
+    return run_all(SLOW, tmp_path_factory.mktemp("monitor-slow"))
+
+
+def check_sick(outcome: Outcome) -> None:
+    scenario = outcome.scenario
+    planned, onset = outcome.scenario_line
+    fired = outcome.rules_fired
+    assert fired, f"{scenario.name}: nothing fired\n{outcome.result.stderr[-3000:]}"
+    first_rule, detected_at = fired[0]
+    assert first_rule == scenario.rule, fired
+    assert onset is None or detected_at >= onset  # never before the sickness began
+    event = next(e for e in outcome.events if e["kind"] == "rule")
+    assert f"step {event['step']}" in event["message"]
+    assert f"rule {scenario.rule}: {event['message']}" in outcome.result.stderr
+    if scenario.action == "stop":
+        assert (outcome.run["status"], outcome.run["stop_reason"]) == ("stopped", f"rule:{scenario.rule}")
+        assert outcome.result.returncode == 3 and "COMPLETED" not in outcome.result.stdout
+        assert outcome.run["step"] < planned
+    else:
+        assert outcome.run["status"] == "completed" and outcome.result.returncode == 0
+
+
+def check_healthy(outcome: Outcome) -> None:
+    assert outcome.result.returncode == 0, outcome.result.stderr[-3000:]
+    assert outcome.run["status"] == "completed"
+    noise = [e for e in outcome.events if e["kind"] in ("rule", "monitor", "capture_requested")]
+    assert noise == [], noise
+    assert "rule " not in outcome.result.stderr
+
+
+@pytest.mark.parametrize("name", [s.name for s in FAST if s.rule])
+def test_sick_run_is_caught_by_its_rule(fast: dict[str, Outcome], name: str) -> None:
+    check_sick(fast[name])
+
+
+@pytest.mark.parametrize("name", [s.name for s in FAST if not s.rule])
+def test_healthy_run_raises_nothing(fast: dict[str, Outcome], name: str) -> None:
+    check_healthy(fast[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [s.name for s in SLOW if s.rule])
+def test_sick_run_is_caught_by_its_rule_slow(slow: dict[str, Outcome], name: str) -> None:
+    check_sick(slow[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [s.name for s in SLOW if not s.rule])
+def test_healthy_run_raises_nothing_slow(slow: dict[str, Outcome], name: str) -> None:
+    check_healthy(slow[name])
+
+
+def test_a_rule_stop_is_checkpointed_shown_and_not_relaunched(fast: dict[str, Outcome]) -> None:
+    outcome = fast["high_lr"]
+    shown = outcome.project.show("mon-high_lr")
+    assert (shown["status"], shown["stop_reason"], shown["restarts"]) == (
+        "stopped", "rule:exploding_gradient", 0)
+    names = [(e["kind"], e["name"]) for e in shown["events"]]
+    assert ("supervisor", "relaunch") not in names
+    rule_at = names.index(("rule", "exploding_gradient"))
+    saves = [e for e in shown["events"][rule_at:] if (e["kind"], e["name"]) == ("checkpoint", "saved")]
+    assert saves and saves[-1]["step"] == shown["step"]  # the stop left a checkpoint of its step
+    assert Path(saves[-1]["payload"]["path"]).exists()
+
+
+def test_a_hung_loop_is_stopped_with_every_thread_stack_saved(fast: dict[str, Outcome]) -> None:
+    outcome = fast["hang"]
+    assert "HANGING" in outcome.result.stdout
+    assert outcome.run["step"] == 59
+    stacks = outcome.project.path / ".prudent" / "runs" / "mon-hang" / "stalled-stacks.txt"
+    text = stacks.read_text()
+    assert "training stalled: no step for" in text and "Thread MainThread" in text
+    assert "time.sleep(3600)" in text and "in batches" in text
+
+
+def test_bad_monitor_settings_stop_prudent_run_before_training(project: Project) -> None:
+    (project.path / "prudent.yaml").write_text(
+        "monitor:\n"
+        "  rules:\n"
+        "    explodng_gradient: {factor: 5}\n"
+        "    loss_not_decreasing: {window: -10}\n"
+        "    divergence: {min_rise: lots}\n")
+    result = project.prudent("run", "--", sys.executable, str(SCRIPTS / "monitor_nan_batch.py"))
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("prudent: error: ")
+    for expected in (
+            "prudent.yaml: unknown key 'monitor.rules.explodng_gradient'; allowed: non_finite, ",
+            ("prudent.yaml: monitor.rules.loss_not_decreasing.window=-10 is invalid: Input "
+             "should be greater than or equal to 1"),
+            ("prudent.yaml: monitor.rules.divergence.min_rise='lots' is invalid: Input should be "
+             "a valid number")):
+        assert expected in line
+    assert not (project.path / ".prudent").exists()
+
+
+UNINTERRUPTIBLE = """
+import signal, time
+import prudent
+run = prudent.init(name="deaf")
+with run:
+    for step in run.batches(range(10)):
+        if step == 3:
+            print("DEAF", flush=True)
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})  # a C call ignoring signals
+            time.sleep(3600)
+        run.step(loss=1.0)
+"""
+
+
+@pytest.mark.slow
+def test_a_loop_deaf_to_signals_is_ended_with_exit_code_3(project: Project) -> None:
+    (project.path / "prudent.yaml").write_text(json.dumps(
+        {"monitor": {"rules": {"stalled": {"timeout_s": 1, "grace_s": 1}}}}))
+    result = project.prudent("run", "--run-id", "deaf", "--", sys.executable, "-c",
+                             UNINTERRUPTIBLE, timeout=120)
+    assert result.returncode == 3 and "DEAF" in result.stdout
+    shown = project.show("deaf")
+    assert (shown["status"], shown["stop_reason"], shown["step"]) == ("stopped", "rule:stalled", 3)
+    assert "ignored SIGUSR2" in " ".join(e["message"] for e in shown["events"])
+
+
+def test_scenario_scripts_all_have_a_test() -> None:
+    scripts = {p.stem.removeprefix("monitor_") for p in SCRIPTS.glob("monitor_*.py")}
+    assert scripts == {s.name for s in FAST + SLOW}
+    assert len([s for s in FAST + SLOW if s.rule]) >= 8
+    assert len([s for s in FAST + SLOW if not s.rule]) >= 4
+

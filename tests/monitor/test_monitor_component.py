@@ -1,0 +1,167 @@
+"""The Monitor component inside a real Run, on real (tiny) training."""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import prudent
+from prudent.monitor import (
+    Finding,
+    Monitor,
+    MonitorSettings,
+    Window,
+    rule,
+    unregister_rule,
+)
+from prudent.store import Store
+from prudent.testing import make_settings, tiny_loader, tiny_model
+
+
+def monitored_run(home: Path, stream: io.StringIO | None = None, **monitor: Any) -> tuple[prudent.Run, Monitor]:
+    settings = make_settings(home, monitor=monitor)
+    component = Monitor(settings.monitor, stream=stream or io.StringIO())
+    run = prudent.init(name="mon", settings=settings, exit_on_stop=False, components=[component])
+    return run, component
+
+
+def train(run: prudent.Run, epochs: int = 5, poison_at: int | None = None, lr: float = 0.1,
+          after_epoch: Callable[[int], None] | None = None) -> torch.optim.Optimizer:
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    run.attach(model=model, optimizer=opt)
+    with run:
+        for epoch in run.epochs(epochs):
+            for x, y in run.batches(tiny_loader(num_samples=512, batch_size=16)):
+                if run.state.step + 1 == poison_at:
+                    x = x.clone()
+                    x[0, 0] = float("nan")
+                loss = F.cross_entropy(model(x), y)
+                run.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                run.step(loss=loss)
+            if after_epoch is not None:
+                after_epoch(epoch)
+    return opt
+
+
+def rule_events(home: Path, run: prudent.Run) -> list[dict[str, Any]]:
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
+    try:
+        return [e for e in store.events(run.id) if e["kind"] not in ("lifecycle",)]
+    finally:
+        store.close()
+
+
+def test_healthy_training_fires_no_rule(home: Path) -> None:
+    run, monitor = monitored_run(home)
+    train(run, epochs=10)  # 320 steps
+    assert run.status == "completed" and run.state.step == 320
+    assert monitor.firings == [] and rule_events(home, run) == []
+
+
+def test_a_nan_batch_stops_the_run_at_the_next_check_with_its_reason(home: Path) -> None:
+    console = io.StringIO()
+    run, _ = monitored_run(home, console)
+    train(run, poison_at=25)
+    assert (run.status, run.stop_reason, run.state.step) == ("stopped", "rule:non_finite", 30)
+    (event,) = rule_events(home, run)
+    assert (event["kind"], event["name"], event["step"]) == ("rule", "non_finite", 25)
+    assert event["payload"] == {"value": "nan", "threshold": None, "action": ["stop"],
+                                "outcome": "stopping the run", "detected_at": 30}
+    assert event["message"].startswith("loss is NaN at step 25 (last finite ")
+    assert console.getvalue() == (f"prudent | {run.id} | rule non_finite: {event['message']} "
+                                  "-> stopping the run\n")
+
+
+def test_validation_that_worsens_while_training_improves_stops_as_overfitting(home: Path) -> None:
+    run, _ = monitored_run(home)
+    val = iter([1.0, 0.8, 0.7, 0.75, 0.8, 0.9, 1.0, 1.1])
+    train(run, epochs=8, after_epoch=lambda epoch: run.log(val_loss=next(val)))
+    assert run.stop_reason == "rule:overfitting" and run.state.epoch == 5
+    (event,) = rule_events(home, run)
+    assert "val_loss 0.9 at step 192 is worse than its best 0.7 (step 96) for 3 evaluations" \
+        in event["message"] and "while the training loss fell" in event["message"]
+
+
+@pytest.fixture
+def every_window_rule() -> Iterator[str]:
+    @rule("always", action="alert", cooldown_steps=100)
+    def always(window: Window, settings: Any) -> Finding | None:
+        if not window.steps:
+            return None
+        step = window.steps[-1]
+        return Finding(step, 1.0, 0.0, f"always fires (step {step})")
+
+    yield "always"
+    unregister_rule("always")
+
+
+def test_an_alert_keeps_training_and_cooldown_mutes_repeats(home: Path, every_window_rule: str) -> None:
+    run, monitor = monitored_run(home)
+    train(run, epochs=10)
+    assert run.status == "completed"
+    assert [f.detected_at for f in monitor.firings] == [10, 110, 210, 310]
+
+
+@pytest.fixture
+def broken_rule() -> Iterator[None]:
+    @rule("broken", action="alert")
+    def broken(window: Window, settings: Any) -> Finding | None:
+        raise ZeroDivisionError("oops")
+
+    yield
+    unregister_rule("broken")
+
+
+def test_a_rule_that_raises_is_switched_off_and_training_goes_on(home: Path, broken_rule: None) -> None:
+    run, monitor = monitored_run(home)
+    train(run, epochs=2)
+    assert run.status == "completed" and "broken" not in monitor.rules
+    (event,) = rule_events(home, run)
+    assert event["name"] == "rule_error" and "ZeroDivisionError('oops')" in event["message"]
+
+
+def test_a_plateau_can_lower_the_learning_rate_instead_of_stopping(home: Path) -> None:
+    run, _ = monitored_run(home, rules={"loss_not_decreasing": {
+        "action": "reduce_lr", "window": 20, "patience": 2, "warmup_steps": 0,
+        "min_improvement": 0.5}}, actions={"reduce_lr": {"factor": 0.5, "cooldown_steps": 50}})
+    opt = train(run, epochs=5)
+    assert run.status == "completed"
+    events = [e for e in rule_events(home, run) if e["name"] == "loss_not_decreasing"]
+    lowered = [e for e in events if e["payload"]["outcome"].startswith("learning rate")]
+    assert lowered and lowered[0]["payload"]["outcome"] == "learning rate 0.1 -> 0.05"
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** len(lowered))
+
+
+def test_monitor_state_rides_in_the_run_state_and_survives_weights_only_load(home: Path) -> None:
+    run, monitor = monitored_run(home)
+    train(run, epochs=4)
+    buffer = io.BytesIO()
+    torch.save(run.state_dict()["components"]["monitor"], buffer)
+    buffer.seek(0)
+    restored = Monitor(MonitorSettings())
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
+    assert restored.state_dict() == monitor.state_dict()
+    divergence = restored.rules["divergence"]
+    assert divergence.best is not None and math.isfinite(divergence.best)  # type: ignore[attr-defined]
+
+
+def test_disabled_monitoring_adds_no_component(home: Path) -> None:
+    run = prudent.init(name="off", settings=make_settings(home, monitor={"enabled": False}),
+                       exit_on_stop=False)
+    with run:
+        pass
+    assert not any(isinstance(c, Monitor) for c in run.components)
+    run2 = prudent.init(name="on", settings=make_settings(home), exit_on_stop=False)
+    with run2:
+        pass
+    assert any(isinstance(c, Monitor) for c in run2.components)

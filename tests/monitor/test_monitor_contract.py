@@ -1,0 +1,152 @@
+"""The contract of ``Rule`` (its docstring), held against every registered rule.
+
+Like Optuna's storage test suite: one set of tests, run for each built-in rule and for a
+user-defined one registered the documented way, so a new rule gets them for free.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from prudent.monitor import Finding, Rule, RuleSettings, Window, rule, unregister_rule
+from prudent.monitor.base import ActivationSample, EvalSample, LayerSample, MemorySample
+from prudent.monitor.registry import RULES
+from prudent.monitor.rules import BUILTIN_RULES
+from tests.monitor.streams import ONSET, SICK, Run, sick_stream, stream
+
+USER_RULE = "loss_above"
+CLOCK_RULES = {"stalled"}  # judged by the watchdog's clock, not by windows
+
+
+@pytest.fixture(scope="module", autouse=True)
+def user_rule() -> Iterator[None]:
+    @rule(USER_RULE, threshold=20.0, action="alert")
+    def loss_above(window: Window, settings: RuleSettings) -> Finding | None:
+        """The loss went above a fixed number (an example of a user-defined rule)."""
+        for step, loss in window.losses():
+            if loss is not None and math.isfinite(loss) and loss > settings.threshold:  # type: ignore[attr-defined]
+                return Finding(step, loss, settings.threshold,  # type: ignore[attr-defined]
+                               f"loss {loss:.3g} at step {step} is above {settings.threshold}")  # type: ignore[attr-defined]
+        return None
+
+    yield
+    unregister_rule(USER_RULE)
+
+
+SICK[USER_RULE] = ("loss", lambda step, v: 50.0)
+ALL = [cls.name for cls in BUILTIN_RULES] + [USER_RULE]
+WINDOW_RULES = [name for name in ALL if name not in CLOCK_RULES]
+
+
+def make(name: str, **settings: object) -> Rule:
+    cls = RULES[name]
+    return cls(cls.Settings(**settings))
+
+
+def first_finding(rule_: Rule, windows: list[Window]) -> tuple[int, Finding] | None:
+    for index, window in enumerate(windows):
+        finding = rule_.check(window)
+        if finding is not None:
+            return index, finding
+    return None
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_settings_reject_unknown_keys_and_describe_every_field(name: str) -> None:
+    settings_cls = RULES[name].Settings
+    assert issubclass(settings_cls, RuleSettings)
+    with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+        settings_cls(no_such_knob=1)
+    undocumented = [f for f, info in settings_cls.model_fields.items() if not info.description]
+    assert not undocumented
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_empty_and_missing_values_are_not_findings(name: str) -> None:
+    rule_ = make(name)
+    assert rule_.check(Window()) is None
+    gaps = Window(steps=[1, 2, 3], loss=[None, None, None], grad_norm=[None, None, None],
+                  evals=[EvalSample(3, {}, None)], layers=[LayerSample(3, {})],
+                  activations=[ActivationSample(3, {}, {})],
+                  memory=[MemorySample(3, None, None)])
+    assert rule_.check(gaps) is None
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_healthy_run_with_spikes_and_noise_never_fires(name: str) -> None:
+    for seed in range(3):
+        assert first_finding(make(name), stream(Run(seed=seed))) is None
+
+
+@pytest.mark.parametrize("name", WINDOW_RULES)
+def test_a_sick_run_fires_once_with_the_step_and_the_numbers(name: str) -> None:
+    windows = sick_stream(name)
+    found = first_finding(make(name), windows)
+    assert found is not None, f"{name} missed its sickness"
+    index, finding = found
+    assert finding.step >= ONSET and finding.step in windows[index].steps
+    assert f"step {finding.step}" in finding.message
+    for number in (finding.value, finding.threshold):
+        assert number is None or isinstance(number, float)
+
+
+@pytest.mark.parametrize("name", WINDOW_RULES)
+def test_after_firing_the_rule_starts_over(name: str) -> None:
+    rule_ = make(name)
+    assert first_finding(rule_, sick_stream(name)) is not None
+    assert rule_.state_dict() == make(name).state_dict()
+
+
+@pytest.mark.parametrize("name", [n for n in WINDOW_RULES if n != "non_finite"])
+def test_non_finite_values_are_left_to_non_finite(name: str) -> None:
+    nan, inf = float("nan"), float("inf")
+    window = Window(steps=list(range(101, 111)), loss=[nan, inf, -inf, 1.0] + [nan] * 6,
+                    grad_norm=[inf, nan] + [1.0] * 8,
+                    layers=[LayerSample(110, {"0.weight": nan, "1.weight": inf}, nan, {})],
+                    activations=[ActivationSample(110, {"1": nan}, {"1": "dead"})],
+                    evals=[EvalSample(110, {"val_loss": nan}, nan)])
+    windows = [*stream(steps=100), window, *stream(steps=100)]
+    assert first_finding(make(name), windows) is None
+    assert first_finding(make("non_finite"), [window]) is not None
+
+
+@pytest.mark.parametrize("name", WINDOW_RULES)
+def test_state_dict_survives_a_checkpoint_and_resumes_exactly(name: str) -> None:
+    windows = sick_stream(name)
+    half = ONSET // 20  # windows before the sickness begins
+    original = make(name)
+    assert first_finding(original, windows[:half]) is None
+    buffer = io.BytesIO()
+    torch.save(original.state_dict(), buffer)
+    buffer.seek(0)
+    resumed = make(name)
+    resumed.load_state_dict(torch.load(buffer, weights_only=True))
+    assert repr(first_finding(resumed, windows[half:])) == repr(
+        first_finding(original, windows[half:]))  # repr: NaN != NaN
+
+
+@pytest.mark.parametrize("name", WINDOW_RULES)
+def test_nothing_fires_during_warmup(name: str) -> None:
+    assert first_finding(make(name, warmup_steps=10**6), sick_stream(name)) is None
+
+
+def test_every_builtin_rule_is_registered_under_its_name() -> None:
+    assert [cls.name for cls in BUILTIN_RULES] == [
+        "non_finite", "exploding_gradient", "vanishing_gradient", "loss_not_decreasing",
+        "divergence", "overfitting", "update_ratio", "dead_activations", "stalled",
+        "memory_growth"]
+    assert all(RULES[cls.name] is cls for cls in BUILTIN_RULES)
+
+
+def test_stalled_judges_idle_time_with_a_longer_limit_before_the_first_step() -> None:
+    stalled = make("stalled", timeout_s="2min", startup_timeout_s="30min")
+    assert stalled.check_idle(119.0, step=40, started=True) is None  # type: ignore[attr-defined]
+    finding = stalled.check_idle(121.0, step=40, started=True)  # type: ignore[attr-defined]
+    assert finding is not None and finding.threshold == 120.0
+    assert "no step for 121 s after step 40" in finding.message
+    assert stalled.check_idle(1000.0, step=0, started=False) is None  # type: ignore[attr-defined]

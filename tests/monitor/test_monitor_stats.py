@@ -1,0 +1,201 @@
+"""StepStats on real tiny models: the numbers are right, and they stay on the device until read."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from prudent.monitor import MonitorSettings
+from prudent.monitor.stats import StepStats
+from prudent.testing import FakeClock, tiny_model
+
+
+def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(16, 8, generator=generator), torch.randint(0, 2, (16,), generator=generator)
+
+
+def one_step(stats: StepStats, model: nn.Module, opt: torch.optim.Optimizer, step: int,
+             scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+    x, y = batch(step)
+    loss = F.cross_entropy(model(x), y)
+    (scaler.scale(loss) if scaler else loss).backward()
+    stats.after_backward(step)
+    if scaler:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad()
+    stats.step_end(step, loss)
+    return loss
+
+
+def make(every: int = 1, sample: int = 50, **objects: object) -> tuple[StepStats, nn.Module, torch.optim.Optimizer]:
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stats = StepStats(MonitorSettings(grad_norm_every_steps=every, sample_every_steps=sample,
+                                      check_every_steps=10))
+    stats.attach({"model": model, "optimizer": opt, **objects})
+    return stats, model, opt
+
+
+def test_global_gradient_norm_matches_torch() -> None:
+    stats, model, opt = make()
+    expected = []
+    for step in range(1, 4):
+        x, y = batch(step)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        stats.after_backward(step)
+        expected.append(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item())
+        opt.step()
+        opt.zero_grad()
+        stats.step_end(step, loss)
+        assert isinstance(stats._norms[step], float)  # CPU memory: read at once, no wait
+    window = stats.take_window()
+    assert window.steps == [1, 2, 3]
+    assert window.grad_norm == pytest.approx(expected, rel=1e-5)
+    assert all(isinstance(v, float) and math.isfinite(v) for v in window.loss)
+    assert stats.take_window().steps == []  # a window is handed over once
+
+
+def test_norms_are_measured_every_n_steps_when_fixed() -> None:
+    stats, model, opt = make(every=3)
+    for step in range(1, 10):
+        one_step(stats, model, opt, step)
+    window = stats.take_window()
+    assert [s for s, g in zip(window.steps, window.grad_norm) if g is not None] == [3, 6, 9]
+    assert max(g for g in window.grad_norm if g) < 3 * min(g for g in window.grad_norm if g)
+
+
+def test_a_jump_in_the_norm_makes_a_sparse_stride_measure_every_step() -> None:
+    stats, model, opt = make(every=4)
+    for step in range(1, 21):
+        if step == 8:
+            with torch.no_grad():
+                model[0].weight.mul_(50)  # something blows up at step 8
+        one_step(stats, model, opt, step)
+    window = stats.take_window()
+    measured = [s for s, g in zip(window.steps, window.grad_norm) if g is not None]
+    assert measured == [4, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20]
+
+
+def test_auto_stride_keeps_the_norm_within_the_budget() -> None:
+    clock = FakeClock()
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stats = StepStats(MonitorSettings(overhead_budget=0.01), clock=clock)
+    stats.attach({"model": model, "optimizer": opt})
+    original = stats._tensor_norms
+
+    def expensive() -> tuple[object, object]:
+        clock.advance(40e-6)  # a norm costs 40 us...
+        return original()
+
+    stats._tensor_norms = expensive  # type: ignore[method-assign]
+    for step in range(1, 11):
+        one_step(stats, model, opt, step)
+        clock.advance(1e-3)  # ...of a 1 ms step: every step would be 4%
+    stats.take_window()
+    assert stats.norm_every == 4  # 40 us / 4 = 10 us = 1% of the step
+    for step in range(11, 21):
+        one_step(stats, model, opt, step)
+        clock.advance(1.0)  # slow steps: measure every step again
+    stats.take_window()
+    assert stats.norm_every == 1
+
+
+def test_layer_sample_gives_weight_gradient_rms_and_the_exact_update_ratio() -> None:
+    stats, model, opt = make(sample=2)
+    one_step(stats, model, opt, 1)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batch(2)
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    stats.after_backward(2)
+    rms = {n: (p.grad.norm() / math.sqrt(p.numel())).item()
+           for n, p in model.named_parameters() if p.dim() >= 2}
+    opt.step()
+    opt.zero_grad()
+    stats.step_end(2, loss)
+    (sample,) = stats.take_window().layers
+    assert sample.step == 2 and sample.grad_rms == pytest.approx(rms, rel=1e-5)
+    delta = math.sqrt(sum(((p.detach() - b) ** 2).sum().item()
+                          for p, b in zip(model.parameters(), before)))
+    weight = math.sqrt(sum((b ** 2).sum().item() for b in before))
+    assert sample.update_ratio == pytest.approx(delta / weight, rel=1e-4)
+
+
+def test_update_ratio_of_a_large_weight_comes_from_a_small_strided_sample() -> None:
+    model = nn.Linear(512, 512)  # 262144 weights: sampled, not copied
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    stats = StepStats(MonitorSettings(sample_every_steps=1))
+    stats.attach({"model": model, "optimizer": opt})
+    model(torch.randn(4, 512)).pow(2).mean().backward()
+    stats.after_backward(1)
+    copied = sum(t.numel() for t in stats._layers[0].before or [])
+    assert copied < 2 * 4096 + 512
+    opt.step()
+    stats.step_end(1, None)
+    (sample,) = stats.take_window().layers
+    assert sample.update_ratio is not None and 0 < sample.update_ratio < 1
+
+
+def test_activation_probe_finds_dead_relus_and_removes_its_hooks() -> None:
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 2))
+    nn.init.constant_(model[0].bias, -100.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = StepStats(MonitorSettings(sample_every_steps=2))
+    stats.attach({"model": model, "optimizer": opt})
+    for step in (1, 2, 3):  # batches of 16: the sample at step 2 spans steps 2 and 3
+        one_step(stats, model, opt, step)
+        assert bool(model[1]._forward_hooks) == (step < 3)  # hooks only while sampling
+    (sample,) = stats.take_window().activations
+    assert sample.step == 2 and sample.inactive == {"1": 1.0} and sample.kinds == {"1": "dead"}
+
+
+def test_small_batches_extend_an_activation_sample_until_enough_examples() -> None:
+    model = nn.Sequential(nn.Linear(8, 4), nn.Sigmoid(), nn.Linear(4, 2))
+    stats = StepStats(MonitorSettings(sample_every_steps=100))
+    stats.attach({"model": model})
+    stats.step_end(99, None)  # arms the hooks for step 100
+    for step in range(100, 108):  # 4 examples a step: 32 after 8 steps
+        model(torch.randn(4, 8)).sum().backward()
+        stats.step_end(step, None)
+        assert stats.activations.armed == (step < 107)
+    (sample,) = stats.take_window().activations
+    assert sample.step == 100 and sample.kinds == {"1": "saturated"}
+
+
+def test_grad_scaler_norms_are_unscaled() -> None:
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    stats, model, opt = make(scaler=scaler)
+    x, y = batch(1)
+    loss = F.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    stats.after_backward(1)
+    expected = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item() / 1024
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    stats.step_end(1, loss)
+    window = stats.take_window()
+    assert window.amp and window.grad_norm[0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_floats_and_missing_losses_pass_through_and_lr_peak_is_tracked() -> None:
+    stats, _, opt = make()
+    stats.step_end(1, 2.5)
+    stats.step_end(2, None)
+    window = stats.take_window()
+    assert window.loss == [2.5, None] and window.grad_norm == [None, None]
+    assert (window.lr, window.peak_lr) == (0.1, 0.1)
+    opt.param_groups[0]["lr"] = 0.01
+    stats.step_end(3, torch.tensor(1.0))
+    window = stats.take_window()
+    assert (window.lr, window.peak_lr) == (0.01, 0.1) and window.in_schedule_tail(0.2)

@@ -1,0 +1,178 @@
+"""The Profiler inside real in-process runs: summary event, profile.json, console line, trace."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import prudent
+from prudent.profile import Profiler
+from prudent.store import Store
+from prudent.testing import make_settings, tiny_model
+
+
+class SleepyLoader:
+    """Batches of ``batch`` samples that each take ``delay_s`` to arrive."""
+
+    def __init__(self, num_batches: int, batch: int = 8, delay_s: float = 0.0) -> None:
+        self.num_batches, self.batch, self.delay_s = num_batches, batch, delay_s
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for _ in range(self.num_batches):
+            time.sleep(self.delay_s)
+            yield torch.zeros(self.batch, 4)
+
+
+FINISHED: list[prudent.Run] = []  # the last run train() built, even when it raised
+
+
+def train(home: Path, *, steps: int = 30, data_s: float = 0.0, compute_s: float = 0.0,
+          eval_s: float = 0.0, fail_at: int | None = None, tokens: int | None = None,
+          window: str | None = None) -> prudent.Run:
+    settings = make_settings(home, profile={"interval_s": 0.02, "steps": window},
+                             checkpoint={"enabled": False})  # its saves would blur the timings
+    run = prudent.init(name="t", settings=settings, exit_on_stop=False)
+    model = tiny_model(in_features=4)
+    run.attach(model=model)
+    FINISHED[:] = [run]
+    with run:
+        for _ in run.epochs(1):
+            for x in run.batches(SleepyLoader(steps, delay_s=data_s)):
+                run.backward(model(x).sum())
+                time.sleep(compute_s)
+                if run.state.step + 1 == fail_at:
+                    raise RuntimeError("boom")
+                run.step(loss=0.0, **({} if tokens is None else {"tokens": tokens}))
+            time.sleep(eval_s)
+            run.log(val=1.0)
+    return run
+
+
+def profiler_of(run: prudent.Run) -> Profiler:
+    (profiler,) = [c for c in run.components if isinstance(c, Profiler)]
+    return profiler
+
+
+def events(home: Path, run: prudent.Run, kind: str) -> list[dict[str, Any]]:
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
+    try:
+        return [e for e in store.events(run.id) if e["kind"] == kind]
+    finally:
+        store.close()
+
+
+def test_profiling_is_on_by_default_and_first_to_see_each_step(home: Path) -> None:
+    run = prudent.init(name="t", settings=make_settings(home), exit_on_stop=False)
+    with run:
+        pass
+    assert isinstance(run.components[0], Profiler)
+    off = prudent.init(name="t", settings=make_settings(home, profile={"enabled": False}),
+                       exit_on_stop=False)
+    with off:
+        pass
+    assert not any(isinstance(c, Profiler) for c in off.components)
+
+
+def test_breakdown_matches_injected_delays_and_is_stored_and_in_the_run_folder(
+        home: Path) -> None:
+    run = train(home, steps=25, data_s=0.01, compute_s=0.005, eval_s=0.2)
+    (summary,) = events(home, run, "profile")
+    profile = summary["payload"]
+    seconds = {name: row["s"] for name, row in profile["breakdown"].items()}
+    # sleeps only ever overshoot; benchmarks/profile_accuracy.py measures how closely
+    assert 0.25 <= seconds["data"] < 0.25 * 1.3
+    assert 0.125 <= seconds["compute"] and 0.2 <= seconds["eval"] < 0.3
+    assert profile["num_steps"] == 25 and profile["throughput"]["batch_size"] == 8
+    throughput = profile["throughput"]
+    recent, whole = throughput["recent"]["steps_per_s"], throughput["steps_per_s"]
+    assert whole < recent < 1 / 0.015  # the last minute of training, without setup or eval
+    assert summary["message"].startswith("profile: 25 steps in 0:00:0")
+    on_disk = json.loads((run.run_dir / "profile.json").read_text())
+    assert on_disk["breakdown"] == profile["breakdown"] and len(on_disk["timeline"]) >= 3
+    findings = events(home, run, "finding")
+    assert [e["name"] for e in findings] == ["input_bound", "eval_overhead"]
+    assert "1 evaluation, 2" in findings[1]["message"]
+
+
+def test_tokens_passed_to_step_give_tokens_per_second(home: Path) -> None:
+    profile = profiler_of(train(home, steps=5, tokens=512)).summary
+    assert profile is not None
+    throughput = profile["throughput"]
+    assert throughput["tokens_per_s"] == pytest.approx(512 * throughput["steps_per_s"], rel=1e-3)
+
+
+def test_a_failed_run_still_gets_its_profile(home: Path) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        train(home, steps=10, fail_at=6)
+    (run,) = FINISHED
+    assert run.status == "failed"
+    assert profiler_of(run).summary["num_steps"] == 5  # type: ignore[index]
+    assert (run.run_dir / "profile.json").exists()
+
+
+def test_console_line_goes_to_stderr_and_is_silent_when_the_console_is_off(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = prudent.init(name="t", settings=make_settings(home, console={"mode": "plain"}),
+                       exit_on_stop=False)
+    with run:
+        run.step(loss=1.0)
+    err = capsys.readouterr().err
+    assert f"prudent | {run.id} | profile: 1 step in 0:00:00" in err
+    assert "no bottleneck found" in err
+    train(home, steps=3)
+    assert "profile:" not in capsys.readouterr().err
+
+
+def test_profile_steps_window_writes_a_trace_and_an_operator_table(home: Path) -> None:
+    run = train(home, steps=12, window="4:7")
+    profile = profiler_of(run).summary
+    assert profile is not None and profile["trace"]["steps"] == "4:7"
+    trace = json.loads(Path(profile["trace"]["trace"]).read_text())
+    steps = {e["name"] for e in trace["traceEvents"] if str(e.get("name")).startswith("Profiler")}
+    assert steps == {"ProfilerStep#5", "ProfilerStep#6", "ProfilerStep#7"}  # the run's numbers
+    assert Path(profile["trace"]["ops_table"]).name == "ops-steps-4-7.txt"
+    assert profile["trace"]["top_ops"][0]["calls"] >= 1
+    (event,) = [e for e in events(home, run, "profile") if e["name"] == "trace"]
+    assert "ui.perfetto.dev" in event["message"]
+
+
+def test_window_past_the_end_is_reported_at_the_first_step_and_training_goes_on(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = make_settings(home, console={"mode": "plain"}, profile={"steps": "50:60"})
+    run = prudent.init(name="t", settings=settings, exit_on_stop=False)
+    with run:
+        for _ in run.epochs(2):
+            for _x in run.batches(SleepyLoader(10)):
+                run.step()
+    assert run.status == "completed" and run.state.step == 20
+    err = capsys.readouterr().err
+    assert ("--profile-steps 50:60 was not traced: training ends at step 20 at the latest "
+            "(2 epochs x 10 batches). Choose a window inside the run") in err
+    assert not list(run.run_dir.glob("trace-*"))
+
+
+def test_window_the_run_stops_inside_keeps_what_was_traced(home: Path) -> None:
+    run = train(home, steps=6, window="3:100")
+    profile = profiler_of(run).summary
+    assert profile is not None and profile["trace"]["steps"] == "3:6"
+
+
+def test_console_line_can_go_to_any_stream() -> None:
+    stream = io.StringIO()
+    profiler = Profiler(stream=stream)
+
+    class FakeRun:
+        id = "r1"
+
+    profiler._say(FakeRun(), "hello")  # type: ignore[arg-type]
+    assert stream.getvalue() == "prudent | r1 | hello\n"
