@@ -16,7 +16,7 @@ handlers in a tight loop on the digits-sized MLP, and the paired step-time diffe
 
 Reproduce::
 
-    python benchmarks/monitor.py                 # all scenarios, 2 at a time, ~2 minutes
+    python benchmarks/monitor.py                 # all scenarios, 2 at a time, a few minutes
     python benchmarks/monitor.py --overhead      # and the per-step cost
     python benchmarks/monitor.py --only nan_batch high_lr --jobs 1
 """

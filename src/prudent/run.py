@@ -283,7 +283,9 @@ class Run:
             self._finish("completed", None)
             return False
         if isinstance(exc, KeyboardInterrupt):
-            exc = StopRun("interrupted", "KeyboardInterrupt (Ctrl-C)")
+            # a stop already requested (the stall watchdog interrupts the main thread) wins
+            reason, message = self._stop or ("interrupted", "KeyboardInterrupt (Ctrl-C)")
+            exc = StopRun(reason, message)
             if not self.exit_on_stop:
                 self._finish("stopped", "interrupted", exc.message)
                 return False
