@@ -67,7 +67,7 @@ clock = time.perf_counter
 
 WHAT_IS_TIMED = {
     "bare": "loop: the epoch, first batch to last step",
-    "prudent": "loop: the epoch inside `with run:`, its end event included; "
+    "prudent": "loop: the epoch inside `with run:` (the epoch-end save included); "
                "setup = init + attach + leaving `with run:`",
     "lightning": "loop: on_train_start to on_train_end; setup = the rest of Trainer() + fit()",
 }
@@ -81,6 +81,13 @@ class Timing:
     loop_s: float
     total_s: float | None = None
     components: list[str] | None = None
+    step_ends: list[float] | None = None  # clock() after each step
+
+    @property
+    def median_step_ms(self) -> float:
+        """The median of single steps: what a long run sees (rare saves and one-off costs aside)."""
+        ends = self.step_ends or []
+        return 1e3 * statistics.median(b - a for a, b in zip(ends, ends[1:]))
 
     @property
     def ms_per_step(self) -> float:
@@ -122,6 +129,7 @@ def run_bare(data: TensorDataset) -> Timing:
     model = make_model()
     opt = make_optimizer(model)
     loader, device, steps = make_loader(data), torch.device("cpu"), 0
+    ends: list[float] = []
     start = clock()
     for _epoch in range(1):  # the shape of the prudent loop's run.epochs(1)
         for x, y in loader:
@@ -131,7 +139,8 @@ def run_bare(data: TensorDataset) -> Timing:
             opt.step()
             opt.zero_grad()
             steps += 1
-    return Timing(steps=steps, loop_s=clock() - start)
+            ends.append(clock())
+    return Timing(steps=steps, loop_s=clock() - start, step_ends=ends)
 
 
 def run_prudent(data: TensorDataset) -> Timing:
@@ -142,6 +151,7 @@ def run_prudent(data: TensorDataset) -> Timing:
     run = prudent.init(name="overhead", config={"lr": LR, "batch_size": BATCH_SIZE},
                        exit_on_stop=False)
     run.attach(model=model, optimizer=opt)
+    ends: list[float] = []
     with run:
         start = clock()
         for _epoch in run.epochs(1):
@@ -152,13 +162,14 @@ def run_prudent(data: TensorDataset) -> Timing:
                 opt.step()
                 opt.zero_grad()
                 run.step(loss=loss)
+                ends.append(clock())
         loop_s = clock() - start
     total_s = clock() - began
     run.store.close()
     if run.status != "completed":
         raise RuntimeError(f"the prudent run ended {run.status} ({run.stop_reason})")
     return Timing(steps=run.state.step, loop_s=loop_s, total_s=total_s,
-                  components=[type(c).__name__ for c in run.components])
+                  components=[type(c).__name__ for c in run.components], step_ends=ends)
 
 
 def lightning_module() -> Any:
@@ -187,6 +198,10 @@ def make_run_lightning(pl: Any, root: str) -> Variant:
     class LoopTimer(pl.Callback):
         def on_train_start(self, trainer: Any, module: Any) -> None:
             self.start = clock()
+            self.ends: list[float] = []
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            self.ends.append(clock())
 
         def on_train_end(self, trainer: Any, module: Any) -> None:
             self.end = clock()
@@ -200,7 +215,8 @@ def make_run_lightning(pl: Any, root: str) -> Variant:
             callbacks=[timer], default_root_dir=root)
         trainer.fit(module, loader)
         total_s = clock() - began
-        return Timing(steps=trainer.global_step, loop_s=timer.end - timer.start, total_s=total_s)
+        return Timing(steps=trainer.global_step, loop_s=timer.end - timer.start, total_s=total_s,
+                      step_ends=timer.ends)
 
     return run_lightning
 
@@ -297,7 +313,11 @@ def summarize(results: dict[str, list[Timing]]) -> dict[str, dict[str, Any]]:
     for name, timings in results.items():
         ms = [t.ms_per_step for t in timings]
         setup = [t.setup_ms for t in timings if t.setup_ms is not None]
+        step = [t.median_step_ms for t in timings]
+        bare_step = [t.median_step_ms for t in results["bare"]]
         summary[name] = {
+            "median_step_ms": statistics.median(step),
+            "step_ratio_of_medians": statistics.median(step) / statistics.median(bare_step),
             "median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms),
             "ratio_of_medians": statistics.median(ms) / statistics.median(bare),
             "median_paired_ratio": statistics.median(m / b for m, b in zip(ms, bare)),
@@ -308,15 +328,18 @@ def summarize(results: dict[str, list[Timing]]) -> dict[str, dict[str, Any]]:
 
 
 def verdict(summary: dict[str, dict[str, Any]]) -> str:
-    prudent_ratio = summary["prudent"]["ratio_of_medians"]
+    """On the median single step (the issue's measure); the whole-loop mean is shown too."""
+    prudent_ratio = summary["prudent"]["step_ratio_of_medians"]
     ok = prudent_ratio - 1 <= TARGET_OVERHEAD
-    text = (f"prudent adds {100 * (prudent_ratio - 1):+.1f}% "
-            f"(target <= {100 * TARGET_OVERHEAD:.0f}%)")
+    text = (f"prudent adds {100 * (prudent_ratio - 1):+.1f}% to the median step "
+            f"(target <= {100 * TARGET_OVERHEAD:.0f}%; whole loop incl. saves "
+            f"{100 * (summary['prudent']['ratio_of_medians'] - 1):+.1f}%)")
     if "lightning" in summary:
-        lightning_ratio = summary["lightning"]["ratio_of_medians"]
+        lightning_ratio = summary["lightning"]["step_ratio_of_medians"]
         ok = ok and prudent_ratio < lightning_ratio
-        text += f", Lightning adds {100 * (lightning_ratio - 1):+.1f}%"
-    return f"{'PASS' if ok else 'FAIL'}: {text} (ratio of medians)"
+        text += (f", Lightning adds {100 * (lightning_ratio - 1):+.1f}% "
+                 f"(whole loop {100 * (summary['lightning']['ratio_of_medians'] - 1):+.1f}%)")
+    return f"{'PASS' if ok else 'FAIL'}: {text}"
 
 
 def machine_info(threads: int, pl: Any) -> dict[str, Any]:
@@ -333,11 +356,13 @@ def print_report(summary: dict[str, dict[str, Any]], info: dict[str, Any], reps:
                   caption=f"MLP {IN_FEATURES}-{HIDDEN}-{HIDDEN}-{CLASSES}, batch {BATCH_SIZE}, "
                   "AdamW; x bare: ratio of medians / median of paired ratios")
     table.add_column("variant")
-    for column in ("median", "min", "max", "x bare", "x bare paired", "setup ms/run"):
+    for column in ("median step", "x bare", "loop mean", "min", "max", "x bare", "x bare paired",
+                   "setup ms/run"):
         table.add_column(column, justify="right")
     for name, row in summary.items():
         setup = row["median_setup_ms"]
-        table.add_row(name, f"{row['median_ms']:.3f}", f"{row['min_ms']:.3f}",
+        table.add_row(name, f"{row['median_step_ms']:.3f}", f"{row['step_ratio_of_medians']:.3f}",
+                      f"{row['median_ms']:.3f}", f"{row['min_ms']:.3f}",
                       f"{row['max_ms']:.3f}", f"{row['ratio_of_medians']:.3f}",
                       f"{row['median_paired_ratio']:.3f}",
                       "-" if setup is None else f"{setup:.0f}")
