@@ -215,6 +215,15 @@ class Rule:
     def check(self, window: Window) -> Finding | None:
         raise NotImplementedError
 
+    def first_finding(self, samples: Any, judge: Any) -> Finding | None:
+        """The first sample ``judge`` finds a problem in; the rule then starts over."""
+        for sample in samples:
+            finding = judge(sample)
+            if finding is not None:
+                self.reset()
+                return finding
+        return None
+
     def reset(self) -> None:
         """Forget what was accumulated (called by the rule itself after it fires)."""
         fresh = type(self)(self.settings)

@@ -55,12 +55,7 @@ class UpdateRatioRule(Rule):
 
     def check(self, window: Window) -> Finding | None:
         tail = window.in_schedule_tail(self.settings.min_lr_fraction)
-        for sample in window.layers:
-            finding = self._judge(sample, tail)
-            if finding is not None:
-                self.reset()
-                return finding
-        return None
+        return self.first_finding(window.layers, lambda sample: self._judge(sample, tail))
 
     def _judge(self, sample: LayerSample, tail: bool) -> Finding | None:
         ratio, s = sample.update_ratio, self.settings
@@ -109,12 +104,7 @@ class DeadActivationsRule(Rule):
         self.count = 0
 
     def check(self, window: Window) -> Finding | None:
-        for sample in window.activations:
-            finding = self._judge(sample)
-            if finding is not None:
-                self.reset()
-                return finding
-        return None
+        return self.first_finding(window.activations, self._judge)
 
     def _judge(self, sample: ActivationSample) -> Finding | None:
         fractions = {k: v for k, v in sample.inactive.items() if finite(v)}

@@ -170,12 +170,7 @@ class VanishingGradientRule(Rule):
         self.count = 0
 
     def check(self, window: Window) -> Finding | None:
-        for sample in window.layers:
-            finding = self._judge(sample)
-            if finding is not None:
-                self.reset()
-                return finding
-        return None
+        return self.first_finding(window.layers, self._judge)
 
     def _judge(self, sample: LayerSample) -> Finding | None:
         rms = {k: v for k, v in sample.grad_rms.items() if finite(v) and v > 0}

@@ -193,12 +193,7 @@ class OverfittingRule(Rule):
         return -1.0 if mode == "max" else 1.0
 
     def check(self, window: Window) -> Finding | None:
-        for sample in window.evals:
-            finding = self._judge(sample)
-            if finding is not None:
-                self.reset()
-                return finding
-        return None
+        return self.first_finding(window.evals, self._judge)
 
     def _judge(self, sample: EvalSample) -> Finding | None:
         value = sample.metrics.get(self.settings.metric)

@@ -53,12 +53,7 @@ class MemoryGrowthRule(Rule):
         self.device: deque[list[int]] = deque(maxlen=self.settings.window)
 
     def check(self, window: Window) -> Finding | None:
-        for sample in window.memory:
-            finding = self._judge(sample)
-            if finding is not None:
-                self.reset()
-                return finding
-        return None
+        return self.first_finding(window.memory, self._judge)
 
     def _judge(self, sample: MemorySample) -> Finding | None:
         if not self.active_at(sample.step):
