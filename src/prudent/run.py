@@ -88,7 +88,6 @@ class Run:
         for handler in self._handlers[event]:
             handler(self, *args)
 
-    _emit = emit
 
     def _start(self) -> None:
         if self.settings.run.handle_signals:
@@ -97,7 +96,7 @@ class Run:
         _watch_uncaught_exceptions()
         self.record_event("lifecycle", "start", f"run {self.id} started on {socket.gethostname()}",
                           pid=os.getpid())
-        self._emit(Event.START)
+        self.emit(Event.START)
 
     # the user's API -----------------------------------------------------------------------
     def attach(self, **objects: Any) -> Run:
@@ -108,7 +107,7 @@ class Run:
             self.objects[key] = obj
             if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled():
                 self._scaler = obj
-        self._emit(Event.ATTACH, dict(objects))
+        self.emit(Event.ATTACH, dict(objects))
         return self
 
     @property
@@ -164,7 +163,7 @@ class Run:
             yield self.state.epoch
             self.state.epoch += 1
             self.state.batches_in_epoch = 0
-            self._emit(Event.EPOCH_END, self.state.epoch - 1)
+            self.emit(Event.EPOCH_END, self.state.epoch - 1)
             self._check_stop()
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
@@ -225,7 +224,7 @@ class Run:
         """Evaluation metrics (converted to floats now: they are rare and the tuner reads them)."""
         values = dict(zip(metrics, to_floats(metrics.values())))
         self._logged.update(values)
-        self._emit(Event.LOG, values)
+        self.emit(Event.LOG, values)
         self._check_stop()
 
     @property
@@ -271,7 +270,7 @@ class Run:
         if not self._stop_announced:
             self._stop_announced = True
             self.record_event("lifecycle", "stop_requested", message or reason, reason=reason)
-            self._emit(Event.STOP_REQUESTED, reason, message)
+            self.emit(Event.STOP_REQUESTED, reason, message)
         raise StopRun(reason, message)
 
     def __enter__(self) -> Run:
@@ -306,7 +305,7 @@ class Run:
         self._closed = True
         self.status, self.stop_reason = status, reason
         self._signals.uninstall()
-        self._emit(Event.END, status, reason)
+        self.emit(Event.END, status, reason)
         self.record_event("lifecycle", "end", message or status, status=status,
                           stop_reason=reason, **payload)
         self.writer.flush()
