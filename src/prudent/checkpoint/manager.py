@@ -148,12 +148,7 @@ class Checkpointer(Component):
         meta = {"run_id": run.id, "epoch": state.epoch, "batches_in_epoch": state.batches_in_epoch,
                 "reason": reason}
         self.schedule.saved(state.step)
-        asynchronous = self.writer.asynchronous
-        self.writer.asynchronous = asynchronous and not synchronous
-        try:
-            result = self.writer.save(state.step, payload, meta)
-        finally:
-            self.writer.asynchronous = asynchronous
+        result = self.writer.save(state.step, payload, meta, synchronous=synchronous)
         if result is not None:
             self._report(run, [result])
 

@@ -128,12 +128,13 @@ class CheckpointWriter:
         self._in_flight: threading.Thread | None = None
         self._buffers = SnapshotBuffers()
 
-    def save(self, step: int, payload: dict[str, Any], meta: dict[str, Any]) -> SaveResult | None:
+    def save(self, step: int, payload: dict[str, Any], meta: dict[str, Any],
+             synchronous: bool = False) -> SaveResult | None:
         """Snapshot now; write now (sync, returns the result) or in the background (None)."""
         started = time.perf_counter()
         self.wait()  # at most one save in flight (and the buffers are free again)
-        if not self.asynchronous:  # the loop waits anyway: serialise the live tensors
-            return self._write(step, payload, meta, 0.0)
+        if synchronous or not self.asynchronous:  # the loop waits anyway: serialise live tensors
+            return self._write(step, payload, meta, 0.0, synchronous=True)
         snapshot = self._buffers.copy(payload)
         self._buffers.synchronize()
         stall_s = time.perf_counter() - started
@@ -165,7 +166,7 @@ class CheckpointWriter:
         return self._in_flight is not None and self._in_flight.is_alive()
 
     def _write(self, step: int, snapshot: dict[str, Any], meta: dict[str, Any],
-               stall_s: float) -> SaveResult:
+               stall_s: float, synchronous: bool = False) -> SaveResult:
         name = checkpoint_name(step)
         result = SaveResult(name=name, step=step, stall_s=stall_s)
         started = time.perf_counter()
@@ -183,7 +184,7 @@ class CheckpointWriter:
             if handle is not None:
                 self.storage.abort(handle)
         result.write_s = time.perf_counter() - started
-        if not self.asynchronous:
+        if synchronous:
             result.stall_s = result.write_s
         return result
 
