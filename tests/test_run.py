@@ -106,6 +106,15 @@ def test_component_is_only_called_for_events_it_overrides(settings: ProjectSetti
     run._finish("completed", None)
 
 
+def test_batch_wrappers_change_what_every_epoch_yields(settings: ProjectSettings) -> None:
+    from itertools import islice
+
+    run = prudent.init(name="wrapped", settings=settings, exit_on_stop=False, components=[])
+    run.wrap_batches(lambda batches: islice(batches, 3))  # a short epoch, as preflight wants
+    train(run, epochs=2, loader=tiny_loader(num_samples=64, batch_size=8))
+    assert (run.status, run.state.step) == ("completed", 6)
+
+
 def test_stop_request_unwinds_to_with_block_without_exiting(settings: ProjectSettings) -> None:
     log = EventLog()
     run = prudent.init(name="stop", settings=settings, exit_on_stop=False,

@@ -60,6 +60,7 @@ class Run:
         self._scaler: Any = None
         self._logged: dict[str, float] = {}
         self._resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
+        self._batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self._components: list[Component] = []
         self._handlers: dict[Event, list[Callable[..., None]]] = {event: [] for event in Event}
         self._step_end = self._handlers[Event.STEP_END]  # the hot path, looked up once
@@ -88,6 +89,14 @@ class Run:
         for handler in self._handlers[event]:
             handler(self, *args)
 
+    def wrap_batches(self, wrapper: Callable[[Iterator[Any]], Iterator[Any]]) -> None:
+        """Change what ``run.batches`` yields, for every epoch from now on.
+
+        For components that must steer the loop without editing the script: preflight's short
+        epochs, replay's captured batch. ``wrapper`` gets the epoch's (already repositioned)
+        iterator and returns the one the loop sees; wrappers apply in the order they were added.
+        """
+        self._batch_wrappers.append(wrapper)
 
     def _start(self) -> None:
         if self.settings.run.handle_signals:
@@ -173,6 +182,8 @@ class Run:
         except TypeError:
             self.state.batches_per_epoch = None
         iterator = self._position(loader)
+        for wrap in self._batch_wrappers:
+            iterator = wrap(iterator)
         clock = time.perf_counter
         on_loaded = self._handlers[Event.BATCH_LOADED]
         while True:
