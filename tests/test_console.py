@@ -28,6 +28,20 @@ def test_plain_mode_prints_progress_logs_and_a_summary(settings: ProjectSettings
     assert f"prudent | {run.id} | epoch 1 step 5: val_acc=0.9" in lines
     assert lines[-1].startswith(f"prudent | {run.id} | completed after 0:00:0")
     assert "10 steps" in lines[-1]
+    assert not any("$" in line for line in lines)  # no instance known: no cost shown
+
+
+def test_plain_line_shows_the_live_cost_the_meter_publishes(settings: ProjectSettings) -> None:
+    out = NotATerminal()
+    reporter = ConsoleReporter(ConsoleSettings(mode="plain", interval_s=1e-6), stream=out)
+    run = prudent.init(name="console", settings=settings, exit_on_stop=False,
+                       components=[reporter])
+    with run:
+        for _ in run.epochs(1):
+            for _ in run.batches(range(3)):
+                run.gauges["cost_usd"] = 1.234
+                run.step(loss=0.5)
+    assert any(" | $1.23" in line for line in out.getvalue().splitlines())
 
 
 def test_rich_mode_draws_a_bar_and_stops_it(settings: ProjectSettings) -> None:

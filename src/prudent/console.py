@@ -100,6 +100,8 @@ class ConsoleReporter(Component):
             fields.append(f"{rate:.1f} steps/s")
         if "loss" in run.latest:
             fields.append(f"loss {_fmt(run.latest['loss'])}")
+        if "cost_usd" in run.gauges:
+            fields.append(f"${run.gauges['cost_usd']:.2f}")
         eta = self._eta_s(run, rate)
         if eta is not None:
             fields.append(f"eta {timedelta(seconds=round(eta))}")

@@ -59,6 +59,7 @@ class Run:
         self._device: Any = None
         self._scaler: Any = None
         self._logged: dict[str, float] = {}
+        self.gauges: dict[str, float] = {}  # live values a component publishes (cost_usd)
         self._resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
         self._batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self._components: list[Component] = []

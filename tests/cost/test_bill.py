@@ -24,14 +24,16 @@ def _event(run_id: str, wall: float, kind: str, name: str, **payload: Any) -> di
 
 
 def _attempt(run_id: str, start: float, seconds: float, price: dict[str, Any],
-             status: str | None, saved_after: float | None = None) -> list[dict[str, Any]]:
+             status: str | None, saved_after: float | None = None,
+             **progress: int) -> list[dict[str, Any]]:
     rows = [_event(run_id, start, "cost", "price", **price)]
     if saved_after is not None:
         rows.append(_event(run_id, start + saved_after, "checkpoint", "saved"))
     rows.append(_event(run_id, start + seconds, "metrics", "tick"))
     if status is not None:  # None: killed before it could say how it ended
         rows.append(_event(run_id, start + seconds, "lifecycle", "end", status=status))
-        rows.append(_event(run_id, start + seconds, "cost", "meter", attempt_s=seconds, **price))
+        rows.append(_event(run_id, start + seconds, "cost", "meter", attempt_s=seconds, **price,
+                           **progress))
     return rows
 
 
@@ -43,8 +45,10 @@ def store(tmp_path: Path) -> Store:
          [_event("done", T0 + 100, "profile", "summary", breakdown={"data": {"s": 12.5}})]),
         ("spot", "digits", 0, None, 50.0, _attempt("spot", T0, 100, SPOT, "completed")),
         ("crash", "resnet", 0, "error", 30.0, _attempt("crash", T0, 30, PRICE, "failed", 20)),
-        ("rule", "resnet", 1, "rule:divergence", 40.0, _attempt("rule", T0, 40, PRICE, "stopped")),
-        ("pruned", "tune", 1, "pruned", 10.0, _attempt("pruned", T0, 10, PRICE, "stopped")),
+        ("rule", "resnet", 1, "rule:divergence", 40.0,
+         _attempt("rule", T0, 40, PRICE, "stopped", steps_done=100, planned_steps=1000)),
+        ("pruned", "tune", 1, "pruned", 10.0,  # no planned steps known: counts as spent
+         _attempt("pruned", T0, 10, PRICE, "stopped", steps_done=5, planned_steps=None)),
         ("relaunched", "resnet", 1, None, 70.0,
          _attempt("relaunched", T0, 25, PRICE, None, 10) +
          _attempt("relaunched", T0 + 100, 45, PRICE, "completed", 30)),
@@ -64,6 +68,9 @@ def test_the_bill_totals_spent_wasted_stopped_early_and_saved(store: Store) -> N
     # crash: 10 s after its checkpoint; relaunched: first attempt killed 15 s after its checkpoint
     assert total.wasted_crash_usd == pytest.approx(25.0)
     assert total.stopped_early_usd == pytest.approx(50.0)  # the rule's 40 and the pruned 10
+    # the rule stopped at step 100 of 1,000: $400 to the end, $360 of it not spent
+    assert total.stopped_early_full_usd == pytest.approx(410.0)
+    assert total.saved_early_stop_usd == pytest.approx(360.0)
     assert total.saved_spot_usd == pytest.approx(50.0)  # 100 s at $1/s on demand vs $0.5/s spot
     assert total.data_wait_usd == pytest.approx(12.5)  # the profiler saw 12.5 s waiting for data
     assert [line.key for line in lines][:2] == ["done", "relaunched"]  # dearest first

@@ -71,6 +71,7 @@ def test_dollars_are_time_times_price_times_nodes_spot_aware(
     (breakdown,) = [e["payload"] for e in stored["events"] if e["name"] == "meter"]
     assert breakdown["total_usd"] == pytest.approx(usd)
     assert breakdown["saved_usd"] == pytest.approx(7.5 if spot else 0.0)
+    assert (breakdown["steps_done"], breakdown["planned_steps"]) == (10, 10)  # the bill projects from these
 
 
 def test_budget_stops_before_the_next_step_would_pass_it_and_says_the_numbers(
@@ -144,6 +145,7 @@ def test_stored_cost_is_updated_while_the_run_goes(home: Path, catalog_file: str
         while _stored(home, run.id)["cost_usd"] < 42 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _stored(home, run.id)["cost_usd"] == pytest.approx(42.0)
+        assert run.gauges["cost_usd"] == pytest.approx(42.0)  # what the console line shows
 
 
 def test_the_training_thread_pays_one_clock_read_per_step(home: Path, catalog_file: str) -> None:

@@ -7,7 +7,10 @@ the meter's ``cost/price`` event, which each attempt writes when it starts.
 - spent: stored cost of the runs started since ``since``;
 - wasted on crashes: for each attempt that failed or was killed, the time since its newest
   checkpoint (or since it started) at its price: work that has to be done again;
-- stopped early: the cost of runs a rule stopped or the tuner pruned;
+- stopped early: the cost of runs a rule stopped or the tuner pruned, and what they would have
+  cost had they run to the end: spent x planned steps / steps done (the meter records both;
+  it assumes the steps to come would have taken as long as those done, setup included, so it
+  leans high for short runs). ``saved_early_stop_usd`` is the difference;
 - data wait: accelerator time spent waiting for the next batch (the profiler's ``data``
   share), at the attempt's price, for attempts on a machine with GPUs;
 - saved on spot: the on-demand price of the same hours minus what spot cost.
@@ -36,6 +39,8 @@ class BillLine:
     spent_usd: float = 0.0
     wasted_crash_usd: float = 0.0
     stopped_early_usd: float = 0.0
+    stopped_early_full_usd: float = 0.0
+    saved_early_stop_usd: float = 0.0
     data_wait_usd: float = 0.0
     saved_spot_usd: float = 0.0
     hours: float = 0.0
@@ -44,7 +49,8 @@ class BillLine:
 
     def add(self, other: BillLine) -> None:
         for name in ("runs", "spent_usd", "wasted_crash_usd", "stopped_early_usd",
-                     "data_wait_usd", "saved_spot_usd", "hours"):
+                     "stopped_early_full_usd", "saved_early_stop_usd", "data_wait_usd",
+                     "saved_spot_usd", "hours"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.run_ids += other.run_ids
 
@@ -77,7 +83,9 @@ def run_line(run: dict[str, Any], events: list[dict[str, Any]]) -> BillLine:
     spent = float(run["cost_usd"] or 0.0)
     reason = run["stop_reason"] or ""
     early = spent if reason == "pruned" or reason.startswith("rule:") else 0.0
+    full = _full_cost(spent, attempts) if early else 0.0
     line = BillLine(run["id"], runs=1, spent_usd=spent, stopped_early_usd=early,
+                    stopped_early_full_usd=full, saved_early_stop_usd=full - early,
                     run_ids=[run["id"]])
     for attempt in attempts:
         line.hours += attempt["seconds"] / 3600
@@ -86,6 +94,15 @@ def run_line(run: dict[str, Any], events: list[dict[str, Any]]) -> BillLine:
         line.data_wait_usd += attempt["data_wait_usd"]
     line.instance = attempts[-1].get("instance") if attempts else None
     return line
+
+
+def _full_cost(spent: float, attempts: list[dict[str, Any]]) -> float:
+    """What a run stopped early would have cost to its planned end (``spent`` if unknown)."""
+    meter = next((a["meter"] for a in reversed(attempts) if a["meter"]), None) or {}
+    step, planned = meter.get("steps_done"), meter.get("planned_steps")
+    if not step or not planned or planned <= step:
+        return spent
+    return spent * planned / step
 
 
 def _attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

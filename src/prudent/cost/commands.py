@@ -169,9 +169,10 @@ def bill(
 
 def _print_bill(total: Any, lines: list[Any], by: str) -> None:
     table = Table(by, "runs", "hours", "spent $", "wasted on crashes $", "stopped early $",
-                  "waiting for data $", "saved on spot $")
+                  "saved by stopping early $", "waiting for data $", "saved on spot $")
     for line in [*lines, total]:
         table.add_row(line.key, str(line.runs), f"{line.hours:.3g}", f"{line.spent_usd:.2f}",
                       f"{line.wasted_crash_usd:.2f}", f"{line.stopped_early_usd:.2f}",
-                      f"{line.data_wait_usd:.2f}", f"{line.saved_spot_usd:.2f}")
+                      f"{line.saved_early_stop_usd:.2f}", f"{line.data_wait_usd:.2f}",
+                      f"{line.saved_spot_usd:.2f}")
     Console(width=max(Console().width, 140)).print(table)

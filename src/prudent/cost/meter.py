@@ -93,8 +93,10 @@ class CostMeter(Component):
                            Spend(), catalog)  # money and time are enforced by the deadline
         if broken:
             run.request_stop("policy", "; ".join(v.message for v in broken))
-        if run.store is not None and self.hourly_usd > 0:
-            self._start_updates(run)
+        if self.hourly_usd > 0:
+            run.gauges["cost_usd"] = self.total_usd()  # the console shows it live
+            if run.store is not None:
+                self._start_updates(run)
 
     def _start_updates(self, run: Run) -> None:
         self._thread = threading.Thread(target=self._update_store, args=(run,), daemon=True,
@@ -133,7 +135,8 @@ class CostMeter(Component):
         if self._thread is not None:
             self._thread.join(timeout=30)
         breakdown = self.breakdown()
-        run.record_event("cost", "meter", self._summary_text(breakdown), **breakdown)
+        run.record_event("cost", "meter", self._summary_text(breakdown), **breakdown,
+                         **_progress(run))
         if run.store is not None:
             run.store.update_run(run.id, cost_usd=breakdown["total_usd"])
         if self.hourly_usd > 0:
@@ -202,12 +205,22 @@ class CostMeter(Component):
     def _update_store(self, run: Run) -> None:
         failures = 0
         while not self._done.wait(self.settings.update_interval_s):
+            total = run.gauges["cost_usd"] = self.total_usd()
             try:
-                run.store.update_run(run.id, cost_usd=self.total_usd())  # type: ignore[union-attr]
+                run.store.update_run(run.id, cost_usd=total)  # type: ignore[union-attr]
             except Exception as exc:  # noqa: BLE001 - the meter must never take training down
                 failures += 1
                 if failures == 1:
                     log.warning("prudent could not store the run's cost (%s); training goes on", exc)
+
+
+def _progress(run: Run) -> dict[str, int | None]:
+    """Steps done and planned (epochs x batches per epoch, when the loader has a length): the
+    bill projects what a run stopped early would have cost to the end."""
+    state = run.state
+    planned = (state.num_epochs * state.batches_per_epoch
+               if state.num_epochs and state.batches_per_epoch else None)
+    return {"steps_done": state.step, "planned_steps": planned}
 
 
 def _prior_attempts(run: Run) -> tuple[float, float, int]:
