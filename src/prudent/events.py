@@ -12,6 +12,7 @@ The user's loop, and where each event fires::
             run.log(val_acc=...)           LOG          (evaluation metrics, already floats)
                                            EPOCH_END    (when the loop asks for the next epoch)
         any component / signal            STOP_REQUESTED (a stop reason was set)
+                                           CHECKPOINT_TAKEN (the loop's part of a save is done)
                                            CHECKPOINT_SAVED (a checkpoint became durable)
     leaving ``with run:``                  END          (status known; last chance to write)
 
@@ -39,6 +40,7 @@ class Event(str, Enum):
     STEP_END = "step_end"
     LOG = "log"
     EPOCH_END = "epoch_end"
+    CHECKPOINT_TAKEN = "checkpoint_taken"
     CHECKPOINT_SAVED = "checkpoint_saved"
     STOP_REQUESTED = "stop_requested"
     END = "end"
@@ -74,6 +76,10 @@ class Component:
     def on_log(self, run: Run, metrics: dict[str, float]) -> None: ...
 
     def on_epoch_end(self, run: Run, epoch: int) -> None: ...
+
+    def on_checkpoint_taken(self, run: Run, step: int) -> None:
+        """On the training thread, once a save's snapshot is taken (an asynchronous save goes
+        on writing in the background; a synchronous one is already written)."""
 
     def on_checkpoint_saved(self, run: Run, path: str) -> None: ...
 

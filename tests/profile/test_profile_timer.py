@@ -23,7 +23,7 @@ def test_categories_add_up_to_the_wall_time_from_the_first_batch() -> None:
     timer.start(100.0)
     t = run_steps(timer, 102.0, [(0.02, 0.01)] * 10)  # 2 s of setup first
     timer.logged(t + 0.5)  # evaluation after the last step
-    timer.checkpoint_saved(t + 0.7)
+    timer.checkpoint_taken(t + 0.7)
     timer.finish(t + 0.8)
     assert timer.setup_s == pytest.approx(2.0)
     assert timer.breakdown() == pytest.approx(

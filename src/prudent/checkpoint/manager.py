@@ -149,6 +149,7 @@ class Checkpointer(Component):
                 "reason": reason}
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous)
+        run.emit(Event.CHECKPOINT_TAKEN, state.step)
         if result is not None:
             self._report(run, [result])
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -54,8 +53,6 @@ class Profiler(Component):
         self._every = max(1, self.settings.sync_every)
         self._synced = [0, 0.0, 0.0]  # steps timed with a device sync: count, wait s, compute s
         self._trace_info: dict[str, Any] | None = None
-        self._async_checkpoints = 0
-        self._training_thread = threading.get_ident()
 
     # events: the hot path first -----------------------------------------------------------
     def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None:
@@ -82,17 +79,14 @@ class Profiler(Component):
     def on_log(self, run: Run, metrics: dict[str, float]) -> None:
         self.timer.logged(clock())
 
-    def on_checkpoint_saved(self, run: Run, path: str) -> None:
-        if self.summary is not None:  # a save that finished after our on_end: not profiled
-            return
-        if threading.get_ident() == self._training_thread:
-            self.timer.checkpoint_saved(clock())
-        else:  # an asynchronous save finished: the training thread did not wait for it
-            self._async_checkpoints += 1
+    def on_checkpoint_taken(self, run: Run, step: int) -> None:
+        # the loop waited for the snapshot (and, when synchronous, the write): checkpoint time;
+        # an asynchronous write that goes on in the background costs the loop nothing more
+        if self.summary is None:  # not a save made after our on_end
+            self.timer.checkpoint_taken(clock())
 
     # rare events --------------------------------------------------------------------------
     def on_start(self, run: Run) -> None:
-        self._training_thread = threading.get_ident()
         self.timer.start(clock())
         self.sampler.start()
         if self.trace is not None and self.trace.window.start == 0:
@@ -254,7 +248,7 @@ class Profiler(Component):
         summary = build_summary(
             self.timer, self.sampler.samples, device=self._device,
             findings=[f.to_dict() for f in findings], trace=self._trace_info,
-            synced_steps=self._synced_summary(), async_checkpoints=self._async_checkpoints,
+            synced_steps=self._synced_summary(),
             gpu_note=self.sampler.gpu_note if self._cuda_index is not None else "",
             interval_s=self.settings.interval_s)
         self.summary = summary

@@ -7,7 +7,8 @@ counted twice or lost:
 * ``data``: inside the loader's ``next()`` (the kernel measures it and passes ``wait_s``);
 * ``compute``: from a batch to ``run.step`` (forward, backward, optimizer, the user's code);
 * ``eval``: from the last ``run.step`` to ``run.log`` (evaluation follows a step);
-* ``checkpoint``: from the last event to a checkpoint saved on the training thread;
+* ``checkpoint``: from the last event to the end of a save's snapshot (and write, when
+  synchronous) on the training thread;
 * ``other``: from ``run.step`` or ``run.log`` to the next wait for data (epoch boundaries,
   handlers of other components, the user's code after ``run.step``).
 
@@ -142,8 +143,8 @@ class StepTimer:
         self.num_evals += 1
         self._mark = now
 
-    def checkpoint_saved(self, now: float) -> None:
-        """A checkpoint saved on the training thread: the time since the last event."""
+    def checkpoint_taken(self, now: float) -> None:
+        """The loop's part of a save is done: the time since the last event was checkpointing."""
         self.checkpoint_s += now - self._mark
         self.num_checkpoints += 1
         self._mark = now
