@@ -57,6 +57,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import prudent
 from prudent.config import load_settings
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from handler_cost import component_costs_us, cost_rows, cost_verdicts  # noqa: E402
+
 IN_FEATURES, HIDDEN, CLASSES, BATCH_SIZE = 64, 128, 10, 32
 LR, SEED = 1e-3, 0
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "overhead.json"
@@ -350,6 +353,30 @@ def machine_info(threads: int, pl: Any) -> dict[str, Any]:
     }
 
 
+def training_parts(data: TensorDataset) -> Callable[[], tuple[nn.Module, Any, DataLoader]]:
+    def parts() -> tuple[nn.Module, Any, DataLoader]:
+        model = make_model()
+        return model, make_optimizer(model), make_loader(data)
+
+    return parts
+
+
+def print_costs(rows: list[dict[str, Any]], bare_step_ms: float) -> None:
+    table = Table(title="the training thread's time in prudent's handlers, per step",
+                  caption=f"timed call by call (median of reps); share of the bare median step "
+                  f"{bare_step_ms:.3f} ms; see benchmarks/handler_cost.py")
+    for column in ("component", "us/step", "% of bare step", "target"):
+        table.add_column(column, justify="left" if column == "component" else "right")
+    for row in rows:
+        target = row["target_pct"]
+        table.add_row(row["component"], f"{row['us_per_step']:.1f}",
+                      f"{row['pct_of_bare_step']:.2f}", "-" if target is None else f"<= {target:g}%")
+    console = Console()
+    console.print(table)
+    for line in cost_verdicts(rows):
+        console.print(line, highlight=False)
+
+
 def print_report(summary: dict[str, dict[str, Any]], info: dict[str, Any], reps: int,
                  steps: int) -> None:
     table = Table(title=f"ms per training step, {reps} paired reps x {steps} steps",
@@ -387,7 +414,8 @@ def _short(value: Any) -> str:
 
 def write_json(path: Path, args: argparse.Namespace, info: dict[str, Any],
                summary: dict[str, dict[str, Any]], results: dict[str, list[Timing]],
-               orders: list[list[str]], settings: dict[str, Any]) -> None:
+               orders: list[list[str]], settings: dict[str, Any],
+               costs: list[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": "overhead", "verdict": verdict(summary), "machine": info,
@@ -395,6 +423,7 @@ def write_json(path: Path, args: argparse.Namespace, info: dict[str, Any],
                      "optimizer": "AdamW", "lr": LR, "seed": SEED, "steps": args.steps,
                      "epochs_per_run": 1, "reps": args.reps, "warmup_runs": 1},
         "prudent_settings": settings, "summary": summary, "orders": orders,
+        "handler_costs": costs, "handler_verdicts": cost_verdicts(costs),
         "raw": {name: [{**asdict(t), "ms_per_step": t.ms_per_step, "setup_ms": t.setup_ms}
                        for t in timings] for name, timings in results.items()},
     }
@@ -436,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             settings = load_settings().model_dump(mode="json")
             with other_load() as load:
                 results, orders = measure(variants, args.reps, args.steps)
+            costs_us = component_costs_us(training_parts(make_data(args.steps)), args.reps)
     if torch.get_num_threads() != args.threads:
         raise RuntimeError(f"a variant changed torch's threads to {torch.get_num_threads()}")
     print(f"(prudent's console wrote {len(console_lines.getvalue().splitlines())} lines, "
@@ -444,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
             "prudent_components": results["prudent"][0].components}
     summary = summarize(results)
     print_report(summary, info, args.reps, args.steps)
-    write_json(args.json, args, info, summary, results, orders, settings)
+    costs = cost_rows(costs_us, summary["bare"]["median_step_ms"])
+    print_costs(costs, summary["bare"]["median_step_ms"])
+    write_json(args.json, args, info, summary, results, orders, settings, costs)
     print(f"wrote {args.json}")
     return 0
 
