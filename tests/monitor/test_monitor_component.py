@@ -26,7 +26,8 @@ from prudent.testing import make_settings, tiny_loader, tiny_model
 
 
 def monitored_run(home: Path, stream: io.StringIO | None = None, **monitor: Any) -> tuple[prudent.Run, Monitor]:
-    settings = make_settings(home, monitor=monitor)
+    # microsecond steps would make checks rarer (max_check_every_steps); pin them at 10
+    settings = make_settings(home, monitor={"max_check_every_steps": 10, **monitor})
     component = Monitor(settings.monitor, stream=stream or io.StringIO())
     run = prudent.init(name="mon", settings=settings, exit_on_stop=False, components=[component])
     return run, component
@@ -68,15 +69,16 @@ def test_healthy_training_fires_no_rule(home: Path) -> None:
     assert monitor.firings == [] and rule_events(home, run) == []
 
 
-def test_a_nan_batch_stops_the_run_at_the_next_check_with_its_reason(home: Path) -> None:
+def test_a_nan_loss_on_the_host_stops_the_run_at_its_own_step_with_its_reason(
+        home: Path) -> None:
     console = io.StringIO()
     run, _ = monitored_run(home, console)
-    train(run, poison_at=25)
-    assert (run.status, run.stop_reason, run.state.step) == ("stopped", "rule:non_finite", 30)
+    train(run, poison_at=25)  # a CPU loss is read every step: no need to wait for the check
+    assert (run.status, run.stop_reason, run.state.step) == ("stopped", "rule:non_finite", 25)
     (event,) = rule_events(home, run)
     assert (event["kind"], event["name"], event["step"]) == ("rule", "non_finite", 25)
     assert event["payload"] == {"value": "nan", "threshold": None, "action": ["stop"],
-                                "outcome": "stopping the run", "detected_at": 30}
+                                "outcome": "stopping the run", "detected_at": 25}
     assert event["message"].startswith("loss is NaN at step 25 (last finite ")
     assert console.getvalue() == (f"prudent | {run.id} | rule non_finite: {event['message']} "
                                   "-> stopping the run\n")

@@ -69,6 +69,8 @@ def test_yaml_tunes_disables_and_chains_actions(tmp_path: Path) -> None:
     ("monitor: {check_every_steps: 0}",
      ("prudent.yaml: monitor.check_every_steps=0 is invalid: Input should be greater than or "
       "equal to 1")),
+    ("monitor: {check_every_steps: 20, max_check_every_steps: 10}",
+     "max_check_every_steps=10 is below check_every_steps=20: make it at least that"),
     ("monitor: {grad_norm_every_steps: 0}",
      "monitor.grad_norm_every_steps=0 is invalid: use a whole number of steps >= 1, or auto"),
     ("monitor: {plugins: [no_such_module_xyz]}",

@@ -110,6 +110,25 @@ def test_auto_stride_keeps_the_norm_within_the_budget() -> None:
     assert stats.norm_every == 1
 
 
+def test_dear_checks_come_rarer_but_never_past_the_maximum() -> None:
+    clock = FakeClock()
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stats = StepStats(MonitorSettings(overhead_budget=0.01, grad_norm_every_steps=1), clock=clock)
+    stats.attach({"model": model, "optimizer": opt})
+    for step in range(1, 11):
+        one_step(stats, model, opt, step)
+        clock.advance(1e-3)  # 1 ms steps
+    stats.take_window()
+    stats.check_took(300e-6)  # a 300 us check every 10 steps would be 3% of the time
+    assert stats.check_every == 30  # 300 us / 30 steps = 1%
+    stats.check_took(0.5)
+    assert stats.check_every == 50  # capped: rules must still see the loss often
+    stats.check_took(1e-6)
+    assert stats.check_every == 10  # cheap again: back to check_every_steps
+    assert stats.step_end(11, float("nan"))  # a NaN on the host is judged at once
+
+
 def test_layer_sample_gives_weight_gradient_rms_and_the_exact_update_ratio() -> None:
     stats, model, opt = make(sample=2)
     one_step(stats, model, opt, 1)

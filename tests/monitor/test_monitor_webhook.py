@@ -105,7 +105,7 @@ def test_a_firing_is_posted_as_json_and_the_secret_is_never_recorded(
     assert post["path"] == SECRET_PATH and post["type"] == "application/json"
     body = post["json"]
     assert {k: body[k] for k in ("run_id", "rule", "step", "detected_at", "value", "action")} == {
-        "run_id": run.id, "rule": "non_finite", "step": 13, "detected_at": 20, "value": "nan",
+        "run_id": run.id, "rule": "non_finite", "step": 13, "detected_at": 13, "value": "nan",
         "action": ["stop"]}
     assert body["message"].startswith("loss is NaN at step 13")
     assert "s3cr3t" not in everything_recorded(home, run) + console.getvalue()

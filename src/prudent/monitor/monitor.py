@@ -82,7 +82,9 @@ class Monitor(Component):
 
     def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
         if self.stats.step_end(run.state.step, metrics.get(self.settings.loss_key)):
+            started = time.perf_counter()
             self.check(run)
+            self.stats.check_took(time.perf_counter() - started)
 
     def on_log(self, run: Run, metrics: dict[str, float]) -> None:
         self._num_logs += 1  # progress, for the watchdog

@@ -28,6 +28,7 @@ from pydantic import (
     SecretStr,
     create_model,
     field_validator,
+    model_validator,
 )
 
 from prudent.monitor.base import RuleSettings
@@ -102,8 +103,13 @@ class MonitorSettings(BaseModel):
     loss_key: str = Field("loss", description="The metric of run.step(...) that is the "
                           "training loss.")
     check_every_steps: int = Field(10, ge=1, description="Rules see the statistics of this many "
-                                   "steps at once: one device-to-host transfer per check, so at "
-                                   "most this many steps between a NaN and the stop.")
+                                   "steps at once: one device-to-host transfer per check. A "
+                                   "non-finite loss already on the host (CPU) is judged at the "
+                                   "step it appears.")
+    max_check_every_steps: int | None = Field(None, ge=1, description="When a check would take "
+                                              "more than overhead_budget of the step time (tiny "
+                                              "models, fast steps), checks come rarer, up to every "
+                                              "this many steps (default 5 x check_every_steps).")
     sample_every_steps: int = Field(100, ge=1, description="Per-layer gradient norms, update "
                                     "ratios, activation statistics and memory, every this many "
                                     "steps.")
@@ -111,8 +117,9 @@ class MonitorSettings(BaseModel):
         "auto", description="Global gradient norm every this many steps; auto: every step "
         "unless that costs more than overhead_budget of the step time, then as often as the "
         "budget allows (on a CPU a norm costs tens of microseconds).")
-    overhead_budget: float = Field(0.01, gt=0, le=1, description="The share of step time the "
-                                   "gradient norm may take when grad_norm_every_steps is auto.")
+    overhead_budget: float = Field(0.005, gt=0, le=1, description="The share of step time the "
+                                   "gradient norm may take when grad_norm_every_steps is auto, "
+                                   "and, apart, the share the rule checks may take.")
     plugins: list[str] = Field(default_factory=list, description="Modules imported before the "
                                "rules are validated, to register your own rules (so `prudent "
                                "run` knows them too).")
@@ -120,6 +127,15 @@ class MonitorSettings(BaseModel):
                                  description="Per-rule settings, by rule name.")
     actions: ActionSettings = Field(default_factory=ActionSettings,
                                     description="Settings of the actions.")
+
+    @model_validator(mode="after")
+    def _check_interval_range(self) -> MonitorSettings:
+        if self.max_check_every_steps is None:
+            self.max_check_every_steps = 5 * self.check_every_steps
+        elif self.max_check_every_steps < self.check_every_steps:
+            raise ValueError(f"max_check_every_steps={self.max_check_every_steps} is below "
+                             f"check_every_steps={self.check_every_steps}: make it at least that")
+        return self
 
     @field_validator("grad_norm_every_steps")
     @classmethod

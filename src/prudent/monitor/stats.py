@@ -49,7 +49,9 @@ class StepStats:
     def __init__(self, settings: MonitorSettings | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         settings = settings or MonitorSettings()
-        self.check_every = settings.check_every_steps
+        self.min_check_every = settings.check_every_steps
+        self.max_check_every = settings.max_check_every_steps
+        self.check_every = settings.check_every_steps  # stretched when checks are dear
         self.sample_every = settings.sample_every_steps
         self.auto_stride = settings.grad_norm_every_steps == "auto"
         self.norm_every = 1 if self.auto_stride else int(settings.grad_norm_every_steps)
@@ -66,6 +68,7 @@ class StepStats:
         self._window_start = clock()
         self._burst = 0
         self._last_norm = 0.0
+        self._step_s: float | None = None  # the last window's mean step time
 
     def _clear(self) -> None:
         self._steps: list[int] = []
@@ -130,6 +133,8 @@ class StepStats:
         if hasattr(loss, "is_cpu"):  # a tensor: read now on the CPU, later from a device
             loss = loss.item() if loss.is_cpu else loss.detach()
         self._loss.append(loss)
+        if isinstance(loss, float) and not math.isfinite(loss):
+            return True  # a value already on the host: judge it now, not a window later
         if step % self.sample_every == 0:
             self._finish_layers(step)
             self._memory.append(_memory_sample(step))
@@ -224,11 +229,24 @@ class StepStats:
         self.peak_lr = max(self.peak_lr or 0.0, window.lr)
         window.peak_lr = self.peak_lr
 
+    def check_took(self, cost_s: float) -> None:
+        """Stretch the check interval so that checks take at most ``overhead_budget`` of the
+        step time (a tiny CPU model's step is a few ms, a rule check a hundred us), never
+        beyond ``max_check_every_steps``. On a GPU, where steps are long, checks stay every
+        ``check_every_steps``; a non-finite loss read on the host is judged at once whatever
+        the interval."""
+        if not self._step_s:
+            return
+        wanted = math.ceil(cost_s / (self.budget * self._step_s) - 1e-9)
+        self.check_every = max(self.min_check_every, min(self.max_check_every, wanted))
+
     def _adapt_stride(self, num_steps: int) -> None:
         """Auto: measure gradient norms as often as ``overhead_budget`` of the step time allows."""
         now = self.clock()
         elapsed, self._window_start = now - self._window_start, now
         costs, self._norm_costs = self._norm_costs, []
+        if num_steps:
+            self._step_s = elapsed / num_steps
         if not self.auto_stride or not costs or not num_steps:
             return
         cost = statistics.median(costs)  # one preempted measurement does not count
