@@ -7,7 +7,7 @@ def test_exported_members_are_exactly_the_public_api() -> None:
     assert prudent.__all__ == sorted(prudent.__all__)
     assert set(prudent.__all__) == {
         "Component", "ConfigError", "Event", "ExitCode", "PrudentError", "Run", "StopRun",
-        "__version__", "init"}
+        "__version__", "init", "tune"}
     for name in prudent.__all__:
         assert hasattr(prudent, name)
 

@@ -23,6 +23,7 @@ __all__ = [
     "StopRun",
     "__version__",
     "init",
+    "tune",
 ]
 
 __version__ = "0.1.0"
@@ -31,3 +32,4 @@ from prudent.errors import ConfigError, ExitCode, PrudentError, StopRun
 from prudent.events import Component, Event
 from prudent.run import Run
 from prudent.session import init
+from prudent.tune.api import tune  # the function shadows the subpackage's name

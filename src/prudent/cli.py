@@ -17,9 +17,12 @@ from rich.table import Table
 
 from prudent.config import load_settings
 from prudent.cost import commands as cost_commands
+from prudent.debug.command import replay as replay_command
 from prudent.errors import ConfigError, ExitCode, PrudentError
 from prudent.hparams import parse_set_args
+from prudent.preflight.command import preflight as preflight_command
 from prudent.store import Store
+from prudent.tune import commands as tune_commands
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Common-sense guardrails for training ML models in the cloud.")
@@ -54,6 +57,9 @@ def run(
                                             "before the run's wall time passes this (12, '90min')."),
     policy: Optional[str] = typer.Option(None, "--policy", help="Policy file (replaces the "
                                          "policy: section); a job that breaks it exits 6."),
+    debug: bool = typer.Option(False, "--debug", help="Debug mode: every event logged, anomaly "
+                               "detection, deterministic algorithms, a capture on every rule "
+                               "firing (slow; PRUDENT_DEBUG=1)."),
     config: Optional[str] = ConfigOption,
 ) -> None:
     """Supervise a training script: record it, pass --set overrides, forward signals, relaunch."""
@@ -70,7 +76,9 @@ def run(
                             overrides=overrides, config_path=config, max_restarts=max_restarts,
                             restart_backoff_s=restart_backoff_s)
     cost_commands.check_or_exit(settings)  # a job the policy forbids: exit 6, nothing written
-    with _child_environ(PRUDENT_PROFILE_STEPS=profile_steps, **cost):
+    debug_env = {"PRUDENT_DEBUG": "1", "CUBLAS_WORKSPACE_CONFIG": os.environ.get(
+        "CUBLAS_WORKSPACE_CONFIG", ":4096:8")} if debug else {}
+    with _child_environ(PRUDENT_PROFILE_STEPS=profile_steps, **cost, **debug_env):
         code = supervisor.run()
     raise typer.Exit(code)
 
@@ -228,9 +236,16 @@ def _duration(seconds: float | None) -> str:
     return str(timedelta(seconds=round(seconds))) if seconds is not None else ""
 
 
+app.command("preflight", context_settings={"allow_extra_args": True,
+                                          "ignore_unknown_options": True})(preflight_command)
+app.command("replay", context_settings={"allow_extra_args": True,
+                                       "ignore_unknown_options": True})(replay_command)
 app.command("catalog")(cost_commands.catalog)
 app.command("cost")(cost_commands.bill)
 app.add_typer(cost_commands.policy_app, name="policy")
+app.command("tune", context_settings={"allow_extra_args": True,
+                                     "ignore_unknown_options": True})(tune_commands.tune)
+app.command("study")(tune_commands.study)
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ validated before anything runs::
     run:     {device: auto}
     profile: {interval_s: 5, steps: null, thresholds: {input_bound_pct: 20}}
     monitor: {check_every_steps: 10, rules: {stalled: {timeout_s: 10min}}}
+    debug:   {enabled: false, capture: true, max_bytes: 1GB}
     cost:    {instance: aws:g5.xlarge, spot: true, budget_usd: $40, max_hours: 12}
     policy:  {allowed_instances: ['aws:g5.*'], max_usd_per_day: 200}
 
@@ -29,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.console import ConsoleSettings
 from prudent.cost.settings import CostSettings, PolicySettings
+from prudent.debug.settings import DebugSettings
 from prudent.errors import ConfigError
 from prudent.monitor.settings import MonitorSettings
 from prudent.preemption import PreemptionSettings
@@ -69,6 +71,7 @@ class ProjectSettings(BaseModel):
     checkpoint: CheckpointSettings = Field(default_factory=CheckpointSettings)
     preemption: PreemptionSettings = Field(default_factory=PreemptionSettings)
     monitor: MonitorSettings = Field(default_factory=MonitorSettings)
+    debug: DebugSettings = Field(default_factory=DebugSettings)
     cost: CostSettings = Field(default_factory=CostSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
 
@@ -86,6 +89,9 @@ ENV_SETTINGS: dict[str, tuple[str, str]] = {
     "PRUDENT_METADATA_URL": ("preemption", "metadata_url"),
     "PRUDENT_PREEMPTION_WATCH": ("preemption", "watch"),
     "PRUDENT_MONITOR": ("monitor", "enabled"),
+    "PRUDENT_DEBUG": ("debug", "enabled"),
+    "PRUDENT_CAPTURE": ("debug", "capture"),
+    "PRUDENT_CHECKPOINT": ("checkpoint", "enabled"),
     "PRUDENT_INSTANCE": ("cost", "instance"),
     "PRUDENT_SPOT": ("cost", "spot"),
     "PRUDENT_NODES": ("cost", "nodes"),

@@ -12,6 +12,7 @@ The user's loop, and where each event fires::
             run.log(val_acc=...)           LOG          (evaluation metrics, already floats)
                                            EPOCH_END    (when the loop asks for the next epoch)
         any component / signal            STOP_REQUESTED (a stop reason was set)
+        run.capture(...) / a failing step CAPTURE_REQUESTED (write a failure bundle now)
                                            CHECKPOINT_TAKEN (the loop's part of a save is done)
                                            CHECKPOINT_SAVED (a checkpoint became durable)
     leaving ``with run:``                  END          (status known; last chance to write)
@@ -43,6 +44,7 @@ class Event(str, Enum):
     CHECKPOINT_TAKEN = "checkpoint_taken"
     CHECKPOINT_SAVED = "checkpoint_saved"
     STOP_REQUESTED = "stop_requested"
+    CAPTURE_REQUESTED = "capture_requested"
     END = "end"
 
     @property
@@ -84,6 +86,9 @@ class Component:
     def on_checkpoint_saved(self, run: Run, path: str) -> None: ...
 
     def on_stop_requested(self, run: Run, reason: str, message: str) -> None: ...
+
+    def on_capture_requested(self, run: Run, reason: str, message: str,
+                             error: BaseException | None) -> None: ...
 
     def on_end(self, run: Run, status: str, stop_reason: str | None) -> None: ...
 

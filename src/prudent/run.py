@@ -30,6 +30,7 @@ __all__ = ["Run"]
 ENV_RUN_ID = "PRUDENT_RUN_ID"
 ENV_SUPERVISED = "PRUDENT_SUPERVISED"
 ENV_SMOKE = "PRUDENT_SMOKE"
+SMOKE_MAX_EPOCHS = 2
 
 
 class Run:
@@ -167,8 +168,14 @@ class Run:
         return {**self.writer.latest, **self._logged}
 
     def epochs(self, num_epochs: int) -> Iterator[int]:
-        """Yield epoch indices, starting at the epoch in progress when the run was restored."""
+        """Yield epoch indices, starting at the epoch in progress when the run was restored.
+
+        In smoke mode (``prudent preflight``) at most two epochs run: enough for every
+        per-epoch path; ``state.num_epochs`` keeps the requested number for projections.
+        """
         self.state.num_epochs = num_epochs
+        if self.is_smoke:
+            num_epochs = min(num_epochs, SMOKE_MAX_EPOCHS)
         while self.state.epoch < num_epochs:
             yield self.state.epoch
             self.state.epoch += 1
@@ -239,6 +246,14 @@ class Run:
         self.emit(Event.LOG, values)
         self._check_stop()
 
+    def capture(self, reason: str = "user", message: str = "",
+                error: BaseException | None = None) -> None:
+        """Ask for a failure bundle of this step (batch, state, RNG, stack; see prudent.debug).
+
+        Safe from another thread: the bundle is then written at the loop's next step.
+        """
+        self.emit(Event.CAPTURE_REQUESTED, reason, message, error)
+
     @property
     def stop_requested(self) -> str | None:
         """The reason of a pending stop request, if any (the run stops at the next check)."""
@@ -308,6 +323,7 @@ class Run:
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             self._finish("completed", None)
             return False
+        self.capture("error", _describe(exc), error=exc)  # before END: the state is as it failed
         self._finish("failed", "error", _describe(exc), traceback=_trimmed_traceback(exc))
         return False
 
@@ -352,7 +368,7 @@ class Run:
 def _resolve_device(setting: str, smoke: bool) -> Any:
     import torch
 
-    if smoke or setting == "cpu":
+    if setting == "cpu" or (smoke and setting == "auto"):  # smoke: CPU unless told otherwise
         return torch.device("cpu")
     if setting != "auto":
         return torch.device(setting)

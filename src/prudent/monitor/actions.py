@@ -80,8 +80,9 @@ class AlertAction(Action):
 
 
 class CaptureAction(Action):
-    """Ask for a failure capture of this step (event kind ``capture_requested``; the debug
-    capture component acts on it once it exists)."""
+    """Ask for a failure capture of this step (event kind ``capture_requested``, then
+    ``run.capture``: prudent.debug's FailureCapture writes the bundle, at once on the training
+    thread, at the loop's next step from the stall watchdog's thread)."""
 
     name = "capture"
 
@@ -89,6 +90,7 @@ class CaptureAction(Action):
         run.record_event("capture_requested", firing.rule, firing.finding.message,
                          step=firing.detected_at, reason=f"rule:{firing.rule}",
                          finding_step=firing.finding.step)
+        run.capture(f"rule:{firing.rule}", firing.finding.message)
         return "capture requested"
 
 

@@ -1,0 +1,270 @@
+"""FailureCapture: the component that writes a bundle at the moment a step goes wrong.
+
+Three triggers, one bundle per failure:
+
+- a non-finite loss or gradient, seen on ``after_backward``: the optimizer has not stepped, so
+  the saved weights are the ones that produced it (the monitor's ``non_finite`` rule only sees
+  it at its next check, after the update);
+- an exception leaving ``with run:`` (``run.capture("error", ...)`` from the kernel);
+- ``run.capture(reason)``: the monitor's ``capture`` action, or the user. From another thread
+  (the stall watchdog) the request waits for the loop's next step or the end of the run.
+
+Per step it keeps a reference to the batch (no copy), the dataset indices behind it and the
+RNG states at its arrival, so the bundle can feed ``prudent replay`` the exact step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from prudent.debug.bundle import format_size, write_bundle
+from prudent.debug.environment import environment, git_state, user_traceback
+from prudent.debug.probe import IndexedBatches, non_finite_grads, non_finite_rows
+from prudent.debug.settings import DebugSettings
+from prudent.distributed import ranks_from_env
+from prudent.events import Component
+from prudent.rng import capture_rng
+
+if TYPE_CHECKING:
+    from prudent.run import Run
+
+__all__ = ["FailureCapture", "capture_folder"]
+
+# requests of these reasons describe the same failure as the first non-finite step
+_SAME_FAILURE = {"rule:non_finite": "non_finite"}
+
+
+def capture_folder(run: Run) -> Path:
+    return run.run_dir / "captures"
+
+
+class FailureCapture(Component):
+    name = "capture"
+
+    def __init__(self, settings: DebugSettings | None = None, stream: Any = None,
+                 quiet: bool = False) -> None:
+        self.settings = settings or DebugSettings()
+        self.stream = stream
+        self.quiet = quiet
+        self._check_gradients = self.settings.check_gradients or self.settings.enabled
+        mode = self.settings.on_non_finite
+        self._check_loss = mode != "off" and self.settings.capture
+        self._check_on_device = mode == "always" or self.settings.enabled  # a sync per step
+        self.written: list[str] = []  # bundle paths, in order
+        self._kinds_done: dict[str, str] = {}  # failure kind -> bundle path
+        self._params: list[tuple[str, torch.Tensor]] = []
+        self._amp = False
+        self._batch: Any = None
+        self._indices: list[Any] | None = None
+        self._epoch_batches: IndexedBatches | None = None
+        self._rng: dict[str, Any] | None = None
+        self._loss: Any = None
+        self._bad_grads: list[str] = []
+        self._phase = "setup"  # setup | forward | after_backward | step_end
+        self._position = (0, 0)
+        self._loop_thread: int | None = None
+        self._pending: list[tuple[str, str]] = []
+        self._rank = ranks_from_env()
+
+    # events -------------------------------------------------------------------------------
+    def on_start(self, run: Run) -> None:
+        self._loop_thread = threading.get_ident()
+        run.wrap_batches(self._record_indices)
+
+    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+        seen = {id(p) for _, p in self._params}
+        modules = [k for k, o in objects.items() if isinstance(o, torch.nn.Module)]
+        for key, obj in objects.items():
+            if isinstance(obj, torch.nn.Module):
+                prefix = f"{key}." if len(modules) > 1 else ""
+                self._params += [(prefix + n, p) for n, p in obj.named_parameters()
+                                 if p.requires_grad and id(p) not in seen]
+                seen.update(id(p) for p in obj.parameters())
+            if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled():
+                self._amp = True  # inf gradients are then the scaler's business, not a failure
+
+    def _record_indices(self, iterator: Any) -> Any:
+        self._epoch_batches = IndexedBatches(iterator)
+        return self._epoch_batches
+
+    def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None:
+        self._batch, self._rng, self._phase = batch, _step_rng(), "forward"
+        self._indices = self._epoch_batches.indices if self._epoch_batches is not None else None
+        self._loss, self._bad_grads = None, []
+        self._position = (run.state.epoch, run.state.batches_in_epoch)
+
+    def on_after_backward(self, run: Run, loss: Any) -> None:
+        self._phase = "after_backward"
+        self._loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        if not self._check_loss or "non_finite" in self._kinds_done:
+            return  # one bundle per failure: the steps after the first are not new ones
+        problem = self._non_finite(loss)
+        if problem is not None:
+            self._capture(run, "non_finite", problem)
+
+    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+        no_backward = self._phase == "forward"  # the loop called loss.backward() itself
+        self._phase = "step_end"
+        if no_backward and self._check_loss and "non_finite" not in self._kinds_done:
+            loss = metrics.get("loss")
+            if loss is not None:
+                self._loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+                problem = self._non_finite(loss)
+                if problem is not None:  # seen only now, after the update: the bundle says so
+                    self._capture(run, "non_finite", f"{problem} (seen at run.step: the loop "
+                                  "does not call run.backward, so after the update)")
+        self._take_pending(run)
+
+    def on_capture_requested(self, run: Run, reason: str, message: str,
+                             error: BaseException | None) -> None:
+        if not self.settings.capture or (error is not None and not self.settings.on_error):
+            return
+        if threading.get_ident() != self._loop_thread:
+            self._pending.append((reason, message))  # the loop's state is not ours to read now
+            return
+        self._capture(run, reason, message, error)
+
+    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+        self._take_pending(run)
+
+    def _take_pending(self, run: Run) -> None:
+        while self._pending:
+            reason, message = self._pending.pop(0)
+            self._capture(run, reason, message)
+
+    # detection ----------------------------------------------------------------------------
+    def _non_finite(self, loss: Any) -> str | None:
+        value = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        if not value.is_cpu and not self._check_on_device:
+            return None  # reading it would make the host wait for the device at every step
+        finite = (math.isfinite(value.item()) if value.numel() == 1
+                  else bool(torch.isfinite(value).all()))
+        if not finite:
+            return f"loss is {_scalar(value)}"
+        if self._amp or not self._params or not self._check_gradients:
+            return None
+        self._bad_grads = non_finite_grads(self._params)
+        if not self._bad_grads:
+            return None
+        names = ", ".join(self._bad_grads[:5]) + (" ..." if len(self._bad_grads) > 5 else "")
+        return f"gradients are not finite in {names} (loss {_scalar(value)})"
+
+    # writing ------------------------------------------------------------------------------
+    def _capture(self, run: Run, reason: str, message: str,
+                 error: BaseException | None = None) -> None:
+        """Write one bundle; never raises (a failing capture must not hide the failure)."""
+        kind = _SAME_FAILURE.get(reason, reason)
+        if kind in self._kinds_done:
+            run.record_event("capture", "skipped", f"{reason}: this failure was already captured "
+                             f"to {self._kinds_done[kind]}", path=self._kinds_done[kind])
+            return
+        if len(self.written) >= self.settings.keep:
+            run.record_event("capture", "skipped", f"{reason}: this run already wrote "
+                             f"{len(self.written)} bundles (debug.keep={self.settings.keep})")
+            return
+        try:
+            self._write(run, kind, reason, message, error)
+        except Exception as exc:  # noqa: BLE001 - report it, keep the original failure visible
+            self._kinds_done[kind] = "nowhere (the capture failed)"  # not once per step after it
+            text = f"capture at step {run.state.step} failed: {type(exc).__name__}: {exc}"
+            run.record_event("capture", "failed", text)
+            self._say(run, f"warning: {text}")
+
+    def _write(self, run: Run, kind: str, reason: str, message: str,
+               error: BaseException | None) -> None:
+        in_step = self._phase in ("forward", "after_backward")
+        step = run.state.step + 1 if in_step else run.state.step
+        info = self._info(run, step, in_step, reason, message, error)
+        name = f"step-{step}" + (f"-rank{self._rank.rank}" if self._rank.is_distributed else "")
+        run_state = {"state": run.state.state_dict(), "rng": self._rng or capture_rng(),
+                     "loss": self._loss if isinstance(self._loss, torch.Tensor) else None}
+        objects = {k: _state_of(v) for k, v in run.objects.items()}
+        written = write_bundle(capture_folder(run), name, info, self._batch, run_state,
+                               objects, int(self.settings.max_bytes))
+        self.written.append(written.path)
+        self._kinds_done[kind] = written.path
+        self._announce(run, info, written)
+
+    def _info(self, run: Run, step: int, in_step: bool, reason: str, message: str,
+              error: BaseException | None) -> dict[str, Any]:
+        rows = non_finite_rows(self._batch) if self._batch is not None else {}
+        indices = self._indices
+        offending = [{"row": row, "sample_index": indices[row] if indices and row < len(indices)
+                      else None, "tensors": where} for row, where in sorted(rows.items())]
+        epoch, batch_in_epoch = self._position
+        return {
+            "run_id": run.id, "run_name": run.name, "reason": reason, "message": message,
+            "step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch,
+            "phase": self._phase,
+            "state_when": "before_update" if in_step else "after_update",
+            "loss": _scalar(self._loss) if self._loss is not None else None,
+            "non_finite_grads": self._bad_grads, "sample_indices": indices,
+            "offending": offending, "error": f"{type(error).__name__}: {error}" if error else None,
+            "traceback": user_traceback(error), "config": run.config,
+            "settings": run.settings.model_dump(mode="json"), "rank": self._rank.rank,
+            "model_devices": sorted({str(p.device) for _, p in self._params}),
+            "git": git_state(), **environment()}
+
+    def _announce(self, run: Run, info: dict[str, Any], written: Any) -> None:
+        where = _relative(written.path)
+        samples = [o["sample_index"] for o in info["offending"]]
+        rows = [o["row"] for o in info["offending"]]
+        found = ""
+        if rows:
+            which = (f"sample {', '.join(map(str, samples))} of the dataset"
+                     if None not in samples else f"row {', '.join(map(str, rows))} of the batch")
+            found = f"; {which} holds NaN/inf"
+        left = (f"; left out: {', '.join(p['part'] for p in written.left_out)} (over max_bytes)"
+                if written.left_out else "")
+        text = (f"{(info['message'] or info['reason']).rstrip('.')} at step {info['step']} (epoch "
+                f"{info['epoch'] + 1}, batch {info['batch_in_epoch']}){found}; bundle {where} "
+                f"({format_size(written.num_bytes)}){left}")
+        run.record_event("capture", "written", text, step=info["step"], path=written.path,
+                         bytes=written.num_bytes, reason=info["reason"],
+                         sample_indices=samples, left_out=written.left_out)
+        command = (shlex.join(["python", *sys.argv]) if sys.argv and sys.argv[0]
+                   else "python train.py")
+        self._say(run, f"capture: {text}\n  reproduce it: prudent replay {where} -- {command}")
+
+    def _say(self, run: Run, text: str) -> None:
+        if self.quiet:
+            return
+        print(f"prudent | {run.id} | {text}", file=self.stream or sys.stderr, flush=True)
+
+
+def _step_rng() -> dict[str, Any]:
+    """The generators a step's own computation draws from (dropout and the like): torch's CPU
+    and CUDA ones. Python's and NumPy's are left out: reading NumPy's costs ~0.2 ms a step, and
+    a loop draws from them in the data loader, before the batch arrives, not in the step."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _state_of(obj: Any) -> Any:
+    return obj.state_dict() if hasattr(obj, "state_dict") else obj
+
+
+def _scalar(value: Any) -> float | str:
+    """A loss as a number, or 'nan' / 'inf' (JSON has neither)."""
+    try:
+        number = float(value.float().mean()) if isinstance(value, torch.Tensor) else float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return number if math.isfinite(number) else str(number)
+
+
+def _relative(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path

@@ -1,0 +1,244 @@
+"""``prudent replay``: reproduce a failed step on this machine, in the user's unchanged script.
+
+``prudent replay BUNDLE -- python train.py`` checks the bundle (a corrupted one is refused, exit
+2), then runs the script in a fresh replay run with ``PRUDENT_REPLAY`` pointing at the bundle.
+``prudent replay RUN --step S -- python train.py`` copies the newest checkpoint of RUN before
+step S into a fresh replay run (the original's checkpoints are only read) and runs the script to
+step S in debug mode. Either way the script's report (``replay.json``) is printed; the exit code
+is 0 when the failure was reproduced, 1 when not, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO, Any, Optional
+
+import typer
+
+from prudent.config import ProjectSettings, load_settings
+from prudent.errors import ConfigError, ExitCode
+from prudent.hparams import ENV_OVERRIDES, dumps_overrides
+from prudent.store import Store
+
+__all__ = ["replay", "replay_command"]
+
+
+def replay(
+    target: str = typer.Argument(..., metavar="BUNDLE|RUN", help="A capture bundle folder "
+                                 "(.prudent/runs/<run>/captures/step-<N>), or a run id with "
+                                 "--step."),
+    command: Optional[list[str]] = typer.Argument(None, help="The training command, after --."),
+    step: Optional[int] = typer.Option(None, "--step", help="Without a bundle: resume RUN from "
+                                       "its newest checkpoint before this step and run to it "
+                                       "in debug mode."),
+    use_pdb: bool = typer.Option(False, "--pdb", help="Stop in the debugger at the failure."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    config: Optional[str] = typer.Option(None, "--config", "-c",
+                                         help="Settings file (default ./prudent.yaml)."),
+) -> None:
+    """Reproduce a captured failing step on this machine, in your unchanged script."""
+    raise typer.Exit(replay_command(target, step, use_pdb, as_json, command or [], config))
+
+
+def replay_command(target: str, step: int | None, use_pdb: bool, as_json: bool,
+                   command: list[str], config_path: str | None) -> int:
+    """Run the replay; returns the exit code."""
+    from prudent.debug.bundle import read_bundle
+    from prudent.session import new_run_id
+
+    if not command:
+        raise ConfigError("no command to replay with: write the training command after '--', "
+                          "e.g. prudent replay BUNDLE -- python train.py")
+    settings = load_settings(config_path)
+    if step is None:
+        if not Path(target).exists() and not target.startswith((".", "/")) and "/" not in target:
+            raise ConfigError(f"{target!r} is not a capture bundle folder; to replay a run "
+                              "without a bundle give the step: prudent replay RUN --step S -- ...")
+        bundle = read_bundle(target)
+        replay_id = new_run_id(f"replay-{bundle.info.get('run_name') or 'bundle'}")
+        env = _bundle_env(str(bundle.path.resolve()))
+        source = {"bundle": str(bundle.path), "run_id": bundle.info.get("run_id")}
+        hparams = bundle.info.get("config") or {}
+    else:
+        replay_id, env, source, hparams = _prepare_step(settings, target, step)
+    env.update(_common_env(settings, replay_id, hparams, use_pdb, config_path))
+    code = _launch(command, env)
+    report = _read_report(settings, replay_id)
+    if code == ExitCode.BAD_INPUT or report is None:
+        return code if code == ExitCode.BAD_INPUT else int(ExitCode.ERROR)
+    report |= {"source": source, "replay_run_id": replay_id}
+    if step is not None:
+        report |= _compare_with_record(settings, source["run_id"], step, report)
+    if as_json:
+        print(json.dumps(report, indent=1))
+    else:
+        _print_report(report, sys.stdout)
+    return 0 if report.get("reproduced") else int(ExitCode.ERROR)
+
+
+def _bundle_env(path: str) -> dict[str, str]:
+    from prudent.debug.replay import ENV_REPLAY
+
+    # only the replayed step matters: no checkpoints, rules or profile of the replay itself
+    return {ENV_REPLAY: path, "PRUDENT_CHECKPOINT": "0", "PRUDENT_MONITOR": "0",
+            "PRUDENT_PROFILE": "0"}
+
+
+def _common_env(settings: ProjectSettings, replay_id: str, hparams: dict[str, Any],
+                use_pdb: bool, config_path: str | None) -> dict[str, str]:
+    from prudent.debug.mode import CUBLAS_WORKSPACE
+    from prudent.debug.replay import ENV_REPLAY_PDB
+
+    env = {"PRUDENT_RUN_ID": replay_id, "PRUDENT_HOME": str(Path(settings.store.home).resolve()),
+           ENV_OVERRIDES: dumps_overrides(hparams), ENV_REPLAY_PDB: "1" if use_pdb else "0",
+           "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)}
+    if settings.store.url:
+        env["PRUDENT_STORE_URL"] = settings.store.url
+    if config_path:
+        env["PRUDENT_CONFIG"] = str(Path(config_path).resolve())
+    return env
+
+
+def _prepare_step(settings: ProjectSettings, ref: str, step: int
+                  ) -> tuple[str, dict[str, str], dict[str, Any], dict[str, Any]]:
+    """Copy RUN's newest checkpoint before ``step`` into a fresh replay run's folder."""
+    from prudent.cli import resolve_run
+    from prudent.debug.replay import ENV_REPLAY_STEP
+    from prudent.session import new_run_id
+
+    if step < 1:
+        raise ConfigError(f"--step must be >= 1, got {step}")
+    store = Store.open(settings.store)
+    try:
+        run_id = resolve_run(store, ref)
+        record = store.get_run(run_id) or {}
+    finally:
+        store.close()
+    replay_id = new_run_id(f"replay-{record.get('name') or run_id}")
+    home = Path(settings.store.home).resolve()
+    target = home / "runs" / replay_id / "checkpoints"
+    copied = _copy_checkpoint_before(settings, home, run_id, step, target)
+    env = {ENV_REPLAY_STEP: str(step), "PRUDENT_DEBUG": "1", "PRUDENT_CHECKPOINT": "1",
+           "PRUDENT_CHECKPOINT_URL": str(target),
+           "PRUDENT_CHECKPOINT_EVERY": "off", "PRUDENT_MONITOR": "0", "PRUDENT_PROFILE": "0"}
+    print(f"prudent replay: run {run_id} to step {step} in debug mode, from "
+          f"{copied or 'the start (no checkpoint before that step)'}; replay run {replay_id}",
+          file=sys.stderr, flush=True)
+    return replay_id, env, {"run_id": run_id, "checkpoint": copied}, record.get("config") or {}
+
+
+def _copy_checkpoint_before(settings: ProjectSettings, home: Path, run_id: str, step: int,
+                            target: Path) -> str | None:
+    from prudent.checkpoint.storage import LocalStorage, open_storage, step_of
+    from prudent.checkpoint.writer import MANIFEST_FILE, load_latest
+
+    source = open_storage(settings.checkpoint.url or str(home / "runs" / run_id / "checkpoints"))
+    loaded = load_latest(_StepsBefore(source, step))
+    if loaded is None or not loaded.payload:
+        return None
+    manifest = json.loads(source.read(loaded.name, MANIFEST_FILE) or b"{}")
+    copy = LocalStorage(target)
+    handle = copy.begin(loaded.name)
+    for filename in [*manifest.get("files", {}), MANIFEST_FILE]:  # the manifest last
+        with copy.open_write(handle, filename) as stream:
+            stream.write(source.read(loaded.name, filename) or b"")
+    copy.commit(handle)
+    return f"{loaded.name} (step {step_of(loaded.name)})"
+
+
+class _StepsBefore:
+    """A read-only view of a checkpoint storage that shows only checkpoints before ``step``."""
+
+    def __init__(self, storage: Any, step: int) -> None:
+        self._storage, self._step = storage, step
+        self.url = storage.url
+
+    def checkpoints(self) -> list[str]:
+        from prudent.checkpoint.storage import step_of
+
+        return [n for n in self._storage.checkpoints() if (step_of(n) or 0) < self._step]
+
+    def read(self, name: str, filename: str) -> bytes | None:
+        return self._storage.read(name, filename)  # type: ignore[no-any-return]
+
+
+def _launch(command: list[str], env: dict[str, str]) -> int:
+    child_env = {k: v for k, v in os.environ.items() if k not in ("PRUDENT_SUPERVISED",)}
+    child_env.update(env)
+    try:
+        return subprocess.run(command, env=child_env, check=False).returncode
+    except OSError as exc:
+        raise ConfigError(f"cannot start {command[0]!r}: {exc.strerror}") from None
+
+
+def _read_report(settings: ProjectSettings, replay_id: str) -> dict[str, Any] | None:
+    from prudent.debug.replay import REPORT_FILE
+
+    path = Path(settings.store.home).resolve() / "runs" / replay_id / REPORT_FILE
+    try:
+        return json.loads(path.read_text())  # type: ignore[no-any-return]
+    except (OSError, ValueError):
+        print(f"prudent replay: the script wrote no replay report ({path}): does it call "
+              "prudent.init and train with run.batches / run.backward?", file=sys.stderr)
+        return None
+
+
+def _compare_with_record(settings: ProjectSettings, run_id: str, step: int,
+                         report: dict[str, Any]) -> dict[str, Any]:
+    """The loss the original run recorded at ``step``, against the replayed one."""
+    store = Store.open(settings.store)
+    try:
+        series = dict(store.metric_series(run_id, settings.monitor.loss_key))
+    finally:
+        store.close()
+    if step not in series:
+        return {"recorded_loss": None, "reproduced": bool(report.get("reached")),
+                "note": f"run {run_id} recorded no loss at step {step} to compare with"}
+    recorded = series[step]
+    recorded_text = "nan" if recorded is None else recorded  # the store keeps NaN as NULL
+    replayed = report.get("loss")
+    if recorded is None:
+        same = bool(report.get("non_finite") or report.get("error"))
+    else:
+        same = isinstance(replayed, float) and replayed == recorded
+    return {"recorded_loss": recorded_text, "reproduced": same}
+
+
+def _print_report(report: dict[str, Any], out: IO[str]) -> None:
+    lines = [f"prudent replay: step {report['step']} of run {report['source'].get('run_id')}"]
+    if not report.get("reached"):
+        lines.append(f"  not reached: {report.get('summary')}")
+    if report.get("error"):
+        lines.append(f"  raised: {report['error']}")
+    if "loss" in report:
+        flag = " (not finite)" if report.get("non_finite") else ""
+        lines.append(f"  replayed loss: {report['loss']}{flag}  [{report.get('loss_bits')}]")
+    for key, label in (("captured_loss", "captured loss"), ("recorded_loss", "recorded loss")):
+        if key in report:
+            same = "  bit-identical" if report.get("bit_identical") else ""
+            lines.append(f"  {label}: {report[key]}{same if key == 'captured_loss' else ''}")
+    if report.get("captured_error"):
+        lines.append(f"  captured error: {report['captured_error']}")
+    if report.get("non_finite_grads"):
+        lines.append(f"  non-finite gradients: {', '.join(report['non_finite_grads'])}")
+    first = report.get("first_non_finite")
+    if first:
+        lines.append(f"  first non-finite output: {first['module']} ({first['type']}), "
+                     f"batch rows {first['rows']}")
+    for o in report.get("offending", []):
+        if o["sample_index"] is None:  # a plain iterable, or a batch prefetched by workers
+            lines.append(f"  offending batch row: {o['row']} ({o['why']}; its dataset index is "
+                         "unknown: the loader is not a map-style DataLoader)")
+        else:
+            lines.append(f"  offending sample index: {o['sample_index']} (batch row {o['row']}: "
+                         f"{o['why']})")
+    if report.get("note"):
+        lines.append(f"  note: {report['note']}")
+    lines.append(f"  device: {', '.join(report.get('device') or ['?'])}; replay run "
+                 f"{report['replay_run_id']}")
+    lines.append("  verdict: " + ("REPRODUCED" if report.get("reproduced") else "NOT reproduced"))
+    out.write("\n".join(lines) + "\n")

@@ -1,0 +1,70 @@
+"""What a bundle records about where it was written: versions, device, git commit, stack."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+import traceback
+from typing import Any
+
+__all__ = ["environment", "git_state", "user_traceback"]
+
+GIT_TIMEOUT_S = 2.0
+
+
+def environment() -> dict[str, Any]:
+    """Library versions, Python, platform, host and device: what makes a replay comparable."""
+    import torch
+
+    import prudent
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__,
+                "prudent": prudent.__version__, "numpy": _version("numpy")}
+    device = {"cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available(),
+              "num_threads": torch.get_num_threads()}
+    if torch.cuda.is_available():
+        device["gpu"] = torch.cuda.get_device_name()
+    return {"versions": versions, "device": device, "platform": platform.platform(),
+            "host": socket.gethostname(), "pid": os.getpid(),
+            "argv": list(sys.argv), "executable": sys.executable, "cwd": os.getcwd()}
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__  # type: ignore[no-any-return]
+    except ImportError:
+        return None
+
+
+def git_state(cwd: str | None = None) -> dict[str, Any] | None:
+    """The commit and whether the tree had changes, if the script runs inside a git repository.
+
+    Each git call is bounded by a short timeout: a capture must not hang on a slow filesystem.
+    """
+    try:
+        commit = _git(["rev-parse", "HEAD"], cwd)
+        if commit is None:
+            return None
+        status = _git(["status", "--porcelain", "--untracked-files=no"], cwd)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def _git(args: list[str], cwd: str | None) -> str | None:
+    result = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
+                            timeout=GIT_TIMEOUT_S, check=False)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def user_traceback(exc: BaseException | None, limit: int = 10) -> str | None:
+    """The traceback without prudent's own frames: the user's code is what matters."""
+    if exc is None:
+        return None
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f"{os.sep}prudent{os.sep}" not in f.filename]
+    text = "".join(traceback.format_list(frames[-limit:]))
+    return text + f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,12 @@
+"""``prudent preflight``: run the user's real script on a tiny budget and judge it.
+
+``probe`` watches a smoke process from inside (a component, smoke mode only); ``runner``
+launches the smoke, overfit and resume processes; ``checks`` turns what they recorded into the
+checklist; ``projection`` estimates the full run's time and cost; ``report`` prints it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PreflightProbe", "ProbeSettings"]
+
+from prudent.preflight.probe import PreflightProbe, ProbeSettings

@@ -1,0 +1,92 @@
+"""The verdict: the checklist as text for a person or as JSON for a program."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prudent.preflight.checks import CheckResult, script_name, title_of
+from prudent.preflight.projection import Projection
+from prudent.preflight.runner import PreflightResult
+
+__all__ = ["as_json", "as_text", "projection_check", "verdict_ok"]
+
+_MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP"}
+
+
+def projection_check(result: PreflightResult, projection: Projection | None) -> CheckResult:
+    title = title_of("cost")
+    if projection is None or projection.step_s is None:
+        return CheckResult("cost", title, "skip", "no step was timed")
+    p = projection
+    memory = f", peak memory {_mb(p.peak_rss_bytes)} RSS" if p.peak_rss_bytes else ""
+    if p.cuda_peak_bytes:
+        memory += f", {_mb(p.cuda_peak_bytes)} CUDA"
+    measured = f"step {p.step_s * 1000:.1f} ms{memory}"
+    if p.hours is None:
+        return CheckResult("cost", title, "warn", f"{measured}; the full run's length is unknown",
+                           "give the loader a len() so preflight can count batches per epoch",
+                           _lines(p.assumptions))
+    speed = f" / {p.speedup:g}" if p.speedup != 1 else ""
+    plan = (f"{p.num_epochs} epochs x {p.batches_per_epoch} batches x {p.step_s * 1000:.1f} ms "
+            f"+ {p.epoch_tail_s:.2f} s evaluation per epoch{speed} = {_duration(p.hours)}")
+    cost = ""
+    if p.price is not None and p.cost_usd is not None:
+        amount = f"${p.cost_usd:,.2f}" if p.cost_usd >= 0.01 else "under $0.01"
+        cost = f", {amount} at ${p.price.usd_per_hour:.4g}/h"
+    return CheckResult("cost", title, "pass", f"{measured}; full run: {plan}{cost}",
+                       detail=_lines(p.assumptions))
+
+
+def verdict_ok(checks: list[CheckResult]) -> bool:
+    return not any(c.status == "fail" for c in checks)
+
+
+def as_text(result: PreflightResult, checks: list[CheckResult]) -> str:
+    lines = [(f"preflight of {' '.join(result.command)} "
+              f"({result.steps} batches per epoch, {result.seconds:.1f} s)")]
+    for check in checks:
+        lines.append(f"  {_MARKS[check.status]}  {check.title}: {check.summary}")
+        if check.fix and check.status in ("fail", "warn"):
+            lines.append(f"        fix: {check.fix}")
+        if check.detail:
+            lines += [f"        {line}" for line in check.detail.splitlines()]
+    failed = [c for c in checks if c.status == "fail"]
+    warned = [c for c in checks if c.status == "warn"]
+    if failed:
+        lines.append(f"{script_name(result.command)} is not ready for the cloud: "
+                     f"{len(failed)} check(s) failed ({', '.join(c.id for c in failed)})")
+    else:
+        extra = f", {len(warned)} warning(s)" if warned else ""
+        lines.append(f"ready: nothing failed{extra}")
+    return "\n".join(lines)
+
+
+def as_json(result: PreflightResult, checks: list[CheckResult],
+            projection: Projection | None) -> str:
+    document: dict[str, Any] = {
+        "ok": verdict_ok(checks), "command": result.command, "seconds": round(result.seconds, 2),
+        "steps_per_epoch": result.steps, "resume_stop_step": result.stop_at,
+        "checks": [c.as_dict() for c in checks],
+        "projection": projection.as_dict() if projection else None,
+        "processes": {name: {"exit_code": p.returncode, "seconds": p.seconds,
+                             "status": p.status, "timed_out": p.timed_out}
+                      for name, p in result.phases.items()}}
+    return json.dumps(document, indent=2)
+
+
+def _lines(items: list[str]) -> str:
+    return "\n".join(f"assumes: {item}" for item in items)
+
+
+def _mb(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:.0f} MiB"
+
+
+def _duration(hours: float) -> str:
+    seconds = hours * 3600
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{hours:.1f} h"

@@ -1,0 +1,126 @@
+"""The tuning side of the command line: ``prudent tune`` and ``prudent study``."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import typer
+
+from prudent.errors import ConfigError
+
+__all__ = ["study", "tune"]
+
+_ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default ./prudent.yaml).")
+
+
+def tune(
+    command: list[str] | None = typer.Argument(None, help="The training command, after --."),
+    space: str = typer.Option(..., "--space", help="Search space YAML file."),
+    objective: str = typer.Option(..., "--objective", help="The metric the script logs with "
+                                  "run.log(NAME=...), e.g. val_acc."),
+    direction: str = typer.Option("max", "--direction", help="max or min."),
+    trials: int = typer.Option(20, "--trials", help="Trials in the study in all (a restart "
+                               "runs the ones left)."),
+    workers: int = typer.Option(1, "--workers", help="Trials at once, each its own process."),
+    timeout: str | None = typer.Option(None, "--timeout", help="No new trial starts after "
+                                          "this long: 3600, '90min', '2h'."),
+    budget_usd: str | None = typer.Option(None, "--budget-usd", help="No new trial starts "
+                                             "when spent + the running trials + one more would "
+                                             "pass this (40 or '$40')."),
+    sampler: str | None = typer.Option(None, "--sampler", help="tpe, gp, cmaes or random "
+                                       "(default: tune/strategy.py's, now tpe)."),
+    pruner: str | None = typer.Option(None, "--pruner", help="asha, hyperband, median or "
+                                         "none (default: tune/strategy.py's, now asha)."),
+    study_name: str | None = typer.Option(None, "--study", help="Study name (default: the "
+                                             "script's name); the same name continues it."),
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL, e.g. "
+                                          "postgresql://... to share a study across machines "
+                                          "(default: a journal file under .prudent/studies)."),
+    enqueue: list[str] | None = typer.Option(None, "--enqueue", help="A known-good "
+                                                "configuration to try first: JSON or a file; "
+                                                "repeatable."),
+    warm_start: str | None = typer.Option(None, "--warm-start", help="An earlier study "
+                                          "(same storage): its 5 best configurations that "
+                                          "fit this space go first."),
+    max_epochs: int | None = typer.Option(None, "--max-epochs", help="Epochs of a full "
+                                             "trial: the pruner's max resource and the projection."),
+    epoch_s: float | None = typer.Option(None, "--epoch-s", help="Seconds per epoch for the "
+                                            "cost projection (default: measured on the study)."),
+    seed: int | None = typer.Option(None, "--seed", help="Sampler seed (worker i uses seed+i)."),
+    max_restarts: int = typer.Option(0, "--max-restarts", help="Relaunch a crashed trial up to "
+                                     "N times (it resumes from its checkpoint)."),
+    instance: str | None = typer.Option(None, "--instance", help="Where trials run, as "
+                                           "cloud:instance, for their cost."),
+    spot: bool | None = typer.Option(None, "--spot/--on-demand", help="Billed at the spot price."),
+    policy: str | None = typer.Option(None, "--policy", help="Policy file; a study that "
+                                         "breaks it (e.g. max_parallel_trials) exits 6."),
+    config: str | None = _ConfigOption,
+) -> None:
+    """Search hyperparameters: each trial a supervised run; weak and sick trials pruned."""
+    from prudent.config import load_settings
+    from prudent.cost import commands as cost_commands
+    from prudent.tune.strategy import DEFAULT_PRUNER, DEFAULT_SAMPLER
+    from prudent.tune.tuner import TuneOptions, Tuner, parse_enqueue
+    from prudent.units import parse_duration_s, parse_usd
+
+    cost = cost_commands.cost_environ(instance, spot, None, None, None, policy)
+    options = TuneOptions(
+        command=list(command or []), space=space, objective=objective, direction=direction,
+        trials=trials, workers=workers,
+        timeout_s=parse_duration_s(timeout) if timeout is not None else None,
+        budget_usd=_usd(budget_usd, parse_usd), sampler=sampler or DEFAULT_SAMPLER,
+        pruner=pruner or DEFAULT_PRUNER, study=study_name, storage=storage,
+        enqueue=parse_enqueue(enqueue or []), max_epochs=max_epochs, epoch_s=epoch_s, seed=seed,
+        config_path=config, max_restarts=max_restarts, warm_start=warm_start)
+    settings = load_settings(config, overrides=cost_commands.as_overrides(cost))
+    tuner = Tuner(options, settings)  # bad space, flags or study: exit 2 before anything runs
+    cost_commands.check_or_exit(settings, kind="tune", parallel=workers)
+    saved = {key: os.environ.get(key) for key in cost}
+    os.environ.update({k: v for k, v in cost.items() if v is not None})
+    try:
+        code = tuner.run()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    raise typer.Exit(code)
+
+
+def study(
+    name: str = typer.Argument(..., help="The study's name (see --study of prudent tune)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL "
+                                          "(default: the journal file under .prudent/studies)."),
+    plots: bool = typer.Option(False, "--plots", help="Write the plots into the study's folder."),
+    config: str | None = _ConfigOption,
+) -> None:
+    """A study's best configuration, trials (state, value, epochs, cost), importances."""
+    from pathlib import Path
+
+    from prudent.config import load_settings
+    from prudent.tune.report import print_summary, summarize, write_plots
+    from prudent.tune.study import load, open_storage, storage_url, validate_study_name
+
+    settings = load_settings(config)
+    validate_study_name(name)
+    url = storage_url(settings.store.home, name, storage)
+    if storage is None and not Path(url).exists():
+        raise ConfigError(f"no study {name!r}: {url} does not exist; start one with prudent "
+                          f"tune --study {name} --space ... -- python train.py")
+    summary = summarize(load(name, open_storage(url)), settings)
+    if plots:
+        folder = Path(settings.store.home).resolve() / "studies" / name
+        summary["plots"] = write_plots(load(name, open_storage(url)), folder)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2, default=str))
+        return
+    print_summary(summary)
+
+
+def _usd(value: str | None, parse: object) -> float | None:
+    if value is None:
+        return None
+    return float(parse(value))  # type: ignore[operator]

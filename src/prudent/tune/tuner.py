@@ -1,0 +1,322 @@
+"""``prudent tune``: open (or continue) the study, project its cost, start the workers, report.
+
+The coordinator does no training itself: it validates everything before a trial starts (space,
+storage, objective/direction against an existing study, policy), prints the projection, starts
+``workers`` worker processes (``prudent.tune.worker``), forwards SIGINT/SIGTERM/SIGHUP to them
+(their trials checkpoint and stay resumable), and prints the results when they are done.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prudent.config import ProjectSettings
+from prudent.errors import ConfigError
+from prudent.tune.space import SearchSpace, load_space
+from prudent.tune.strategy import DEFAULT_PRUNER, DEFAULT_SAMPLER, PRUNERS, SAMPLERS
+
+__all__ = ["TuneOptions", "Tuner", "parse_enqueue"]
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class TuneOptions:
+    """What ``prudent tune`` was asked for (the CLI's flags, ``prudent.tune``'s arguments)."""
+
+    command: list[str]
+    space: str | Mapping[str, Any]
+    objective: str
+    direction: str = "max"
+    trials: int | None = 20
+    workers: int = 1
+    timeout_s: float | None = None
+    budget_usd: float | None = None
+    sampler: str = DEFAULT_SAMPLER
+    pruner: str = DEFAULT_PRUNER
+    study: str | None = None
+    storage: str | None = None
+    enqueue: list[dict[str, Any]] = field(default_factory=list)
+    max_epochs: int | None = None
+    epoch_s: float | None = None
+    seed: int | None = None
+    config_path: str | None = None
+    max_restarts: int = 0
+    warm_start: str | None = None  # an earlier study whose best configurations go first
+
+    def validate(self) -> SearchSpace:
+        if not self.command:
+            raise ConfigError("no command to tune: write it after '--', e.g. prudent tune "
+                              "--space space.yaml --objective val_acc -- python train.py")
+        if self.direction not in ("max", "min"):
+            raise ConfigError(f"--direction must be max or min, got {self.direction!r}")
+        if self.sampler not in SAMPLERS:
+            raise ConfigError(f"--sampler {self.sampler!r}: choose one of {', '.join(SAMPLERS)}")
+        if self.pruner not in PRUNERS:
+            raise ConfigError(f"--pruner {self.pruner!r}: choose one of {', '.join(PRUNERS)}")
+        for flag, value in (("--trials", self.trials), ("--workers", self.workers),
+                            ("--max-epochs", self.max_epochs)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} must be >= 1, got {value}")
+        for flag, number in (("--timeout", self.timeout_s), ("--budget-usd", self.budget_usd),
+                             ("--epoch-s", self.epoch_s)):
+            if number is not None and number <= 0:
+                raise ConfigError(f"{flag} must be > 0, got {number}")
+        if not self.objective:
+            raise ConfigError("--objective is required: the name your script logs with "
+                              "run.log(NAME=value), e.g. --objective val_acc")
+        space = load_space(self.space)
+        for i, config in enumerate(self.enqueue):
+            space.check_config(config, f"--enqueue #{i + 1}")
+        return space
+
+    def pruner_spec(self) -> dict[str, Any]:
+        args: dict[str, Any] = {}
+        if self.pruner == "hyperband" and self.max_epochs:
+            args["max_resource"] = self.max_epochs
+        return {"name": self.pruner, "args": args}
+
+
+class Tuner:
+    def __init__(self, options: TuneOptions, settings: ProjectSettings, *, quiet: bool = False) -> None:
+        from prudent.tune.study import validate_study_name
+
+        self.options = options
+        self.settings = settings
+        self.space = options.validate()
+        self.name = validate_study_name(options.study or _guess_name(options.command))
+        self.home = str(Path(settings.store.home).resolve())
+        self.quiet = quiet
+        self._workers: list[subprocess.Popen[bytes]] = []
+        self._signals = 0
+
+    # the whole of `prudent tune` ---------------------------------------------------------
+    def run(self) -> int:
+        from prudent.tune.report import print_summary, summarize, write_plots
+
+        study, storage = self.open()
+        projection = self._projection(study)
+        self._say(f"study {self.name!r} in {storage}: {_progress(study)}")
+        for line in projection.lines():
+            self._say(line)
+        _clear_halt(self.home, self.name)
+        code = self._work(storage, projection)
+        summary = summarize(study, self.settings)
+        summary["plots"] = write_plots(study, Path(self.home) / "studies" / self.name)
+        if not self.quiet:
+            print_summary(summary)
+        if code == 130 and summary["counts"].get("running"):
+            self._say(f"interrupted: {summary['counts']['running']} running trial(s) left to "
+                      "resume; run the same command again to continue the study")
+        self.summary = summary
+        return code
+
+    def open(self) -> tuple[Any, str]:
+        """Create or continue the study, enqueue the known-good configurations (once)."""
+        from prudent.tune.study import create_or_load, open_storage, storage_url
+
+        url = storage_url(self.home, self.name, self.options.storage)
+        meta = {"objective": self.options.objective, "direction": self.options.direction,
+                "space": self.space.as_dict(), "pruner": self.options.pruner_spec(),
+                "sampler": self.options.sampler, "command": self.options.command,
+                "max_epochs": self.options.max_epochs}
+        study = create_or_load(self.name, open_storage(url), meta)
+        configs = list(self.options.enqueue)
+        if self.options.warm_start:
+            configs += self._warm_start(self.options.warm_start)
+        for config in configs:
+            study.enqueue_trial(config, skip_if_exists=True)
+        return study, url
+
+    def _warm_start(self, name: str, best: int = 5) -> list[dict[str, Any]]:
+        """The best configurations of an earlier study, as far as they fit this space."""
+        from prudent.tune.study import (
+            load,
+            open_storage,
+            storage_url,
+            validate_study_name,
+        )
+
+        url = storage_url(self.home, validate_study_name(name), self.options.storage)
+        if self.options.storage is None and not Path(url).exists():
+            raise ConfigError(f"--warm-start {name!r}: no such study ({url} does not exist)")
+        earlier = load(name, open_storage(url))
+        done = [t for t in earlier.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+        done.sort(key=lambda t: t.value, reverse=earlier.direction.name == "MAXIMIZE")
+        configs = [c for c in (self.space.fitting(t.params) for t in done[:best]) if c]
+        self._say(f"warm start: {len(configs)} configuration(s) from study {name!r} go first")
+        return configs
+
+    # workers ----------------------------------------------------------------------------
+    def _work(self, storage: str, projection: Any) -> int:
+        from prudent.tune.worker import ENV_JOB, FATAL_CODE, TuneJob
+
+        o = self.options
+        job = TuneJob(study=self.name, storage=storage, home=self.home, command=o.command,
+                      objective=o.objective, sampler=o.sampler, pruner=o.pruner_spec(),
+                      workers=o.workers, trials=o.trials, budget_usd=o.budget_usd,
+                      deadline=time.time() + o.timeout_s if o.timeout_s else None,
+                      trial_usd_estimate=projection.trial_usd, seed=o.seed,
+                      config_path=o.config_path, max_restarts=o.max_restarts)
+        main = threading.current_thread() is threading.main_thread()  # prudent.tune() in a thread
+        previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED} if main else {}
+        try:
+            for index in range(o.workers):
+                env = {**os.environ, ENV_JOB: job.dumps(), "PRUDENT_TUNE_WORKER_INDEX": str(index)}
+                # own session: a terminal's Ctrl-C reaches a worker once, through _forward
+                self._workers.append(subprocess.Popen(
+                    [sys.executable, "-m", "prudent.tune.worker"], env=env,
+                    start_new_session=True, preexec_fn=_die_with_parent))
+            codes = self._wait_all(FATAL_CODE)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if FATAL_CODE in codes:
+            return FATAL_CODE
+        if self._signals:
+            return 130
+        return 0 if all(c == 0 for c in codes) else 1
+
+    def _wait_all(self, fatal: int) -> list[int]:
+        """Wait for every worker; one that finds the study broken stops the others."""
+        stopped_others = False
+        while True:
+            codes = [w.poll() for w in self._workers]
+            if all(c is not None for c in codes):
+                return [int(c) for c in codes]  # type: ignore[arg-type]
+            if fatal in codes and not stopped_others:
+                stopped_others = True
+                for worker in self._workers:
+                    if worker.poll() is None:
+                        worker.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+
+    def _forward(self, signum: int, _frame: Any) -> None:
+        self._signals += 1
+        for worker in self._workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGKILL if self._signals >= 3 else signum)
+
+    # projection -------------------------------------------------------------------------
+    def _projection(self, study: Any) -> Any:
+        from prudent.tune.budget import project
+
+        measured_epochs, measured_s = _measured(study, self.settings)
+        max_epochs = self.options.max_epochs or measured_epochs
+        if self.options.epoch_s:
+            epoch_s, source = self.options.epoch_s, "given by --epoch-s"
+        elif measured_s:
+            epoch_s, source = measured_s, "measured on this study's trials"
+        else:
+            epoch_s, source = None, ""
+        hourly, price_source = self._price()
+        remaining = (self.options.trials or 0) - _counted(study)
+        return project(trials=max(0, remaining), pruner=self.options.pruner_spec(),
+                       max_epochs=max_epochs, epoch_s=epoch_s, epoch_s_source=source,
+                       hourly_usd=hourly, price_source=price_source, workers=self.options.workers)
+
+    def _price(self) -> tuple[float, str]:
+        from prudent.cost.launch import check_launch
+
+        job = check_launch(self.settings, kind="tune", parallel=self.options.workers)
+        hourly = job.hourly_usd / max(1, job.parallel)
+        if job.node_hourly_usd is None and job.instance is None:
+            return 0.0, "no instance given: --instance or cost.instance prices it"
+        return hourly, job.describe().split(" (", 1)[-1].rstrip(")")
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            print(f"prudent: tune: {text}", file=sys.stderr, flush=True)
+
+
+def parse_enqueue(items: Sequence[str]) -> list[dict[str, Any]]:
+    """``--enqueue`` values: inline JSON/YAML mappings (or lists of them), or files holding them."""
+    import yaml
+
+    configs: list[dict[str, Any]] = []
+    for item in items:
+        path = Path(item)
+        try:
+            text = path.read_text() if path.is_file() else item
+            data = yaml.safe_load(text)
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"--enqueue {item!r}: not a readable file nor JSON ({exc})") from None
+        data = data if isinstance(data, list) else [data]
+        for config in data:
+            if not isinstance(config, dict):
+                raise ConfigError(f"--enqueue {item!r}: expected a mapping like "
+                                  f'{{"lr": 0.01}}, got {config!r}')
+            configs.append(config)
+    return configs
+
+
+def _counted(study: Any) -> int:
+    return sum(1 for t in study.get_trials(deepcopy=False)
+               if t.state.name != "WAITING" and not t.user_attrs.get("fatal"))
+
+
+def _measured(study: Any, settings: ProjectSettings) -> tuple[int | None, float | None]:
+    """The most epochs a completed trial ran, and the mean seconds per epoch of finished trials."""
+    from prudent.store import Store
+
+    finished = [t for t in study.get_trials(deepcopy=False)
+                if t.state.is_finished() and t.user_attrs.get("run_id")]
+    if not finished:
+        return None, None
+    complete = [t.user_attrs.get("epochs") or 0 for t in finished if t.state.name == "COMPLETE"]
+    store = Store.open(settings.store)
+    try:
+        rates = []
+        for trial in finished:
+            run = store.get_run(trial.user_attrs["run_id"])
+            epochs = trial.user_attrs.get("epochs") or 0
+            if run and run["ended_at"] and epochs:
+                rates.append((run["ended_at"] - run["started_at"]) / epochs)
+    finally:
+        store.close()
+    return (max(complete) if complete else None), (sum(rates) / len(rates) if rates else None)
+
+
+def _progress(study: Any) -> str:
+    counts: dict[str, int] = {}
+    for trial in study.get_trials(deepcopy=False):
+        counts[trial.state.name.lower()] = counts.get(trial.state.name.lower(), 0) + 1
+    return ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "new"
+
+
+def _guess_name(command: Sequence[str]) -> str:
+    import re
+
+    scripts = [Path(a).stem for a in command if a.endswith(".py")]
+    name = scripts[0] if scripts else Path(command[0]).name
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "study"
+
+
+def _clear_halt(home: str, name: str) -> None:
+    from prudent.tune.study import study_dir
+
+    (study_dir(home, name) / "halt").unlink(missing_ok=True)
+
+
+def _die_with_parent() -> None:
+    """Linux: a worker gets SIGTERM if ``prudent tune`` is killed (its trials checkpoint)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def dumps_summary(summary: Mapping[str, Any]) -> str:
+    return json.dumps(summary, indent=2, default=str)

@@ -1,0 +1,401 @@
+"""One worker process of ``prudent tune``: pick a trial, run it as a supervised run, tell the result.
+
+Workers share nothing but the study's storage (and, on one machine, a lock file that makes
+"count, check the budget, ask" one step). A trial is a ``prudent run`` of the user's unchanged
+command with a run id derived from the trial, so the trial, its run, its checkpoints and its
+events stay linked. A trial whose worker died (the worker's pid and host are in the trial's
+user attributes) is claimed by the next worker on that host and resumed from its checkpoint
+under the same run id, keeping its number: no trial is lost or run twice.
+
+Run as ``python -m prudent.tune.worker`` with the job in ``PRUDENT_TUNE_JOB`` (JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from prudent.errors import ConfigError, ExitCode
+from prudent.supervisor import Supervisor
+
+__all__ = ["ENV_JOB", "FATAL_CODE", "TuneJob", "main"]
+
+ENV_JOB = "PRUDENT_TUNE_JOB"
+FATAL_CODE = int(ExitCode.BAD_INPUT)  # a worker that found the study cannot go on
+_INTERRUPTED = {int(ExitCode.PREEMPTED), int(ExitCode.INTERRUPTED), 128 + signal.SIGTERM}
+_ORPHAN_WAIT_S = 60.0
+
+
+@dataclass
+class TuneJob:
+    """Everything a worker needs, passed as JSON from the coordinator."""
+
+    study: str
+    storage: str
+    home: str
+    command: list[str]
+    objective: str
+    sampler: str
+    pruner: dict[str, Any]
+    workers: int = 1
+    trials: int | None = None
+    deadline: float | None = None  # time.time() after which no trial starts
+    budget_usd: float | None = None
+    trial_usd_estimate: float | None = None
+    seed: int | None = None
+    config_path: str | None = None
+    max_restarts: int = 0
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, raw: str) -> TuneJob:
+        return cls(**json.loads(raw))
+
+
+@dataclass
+class Task:
+    number: int
+    trial_id: int
+    params: dict[str, Any]
+    run_id: str
+    resumed: bool = False
+
+
+class FatalStudyError(ConfigError):
+    """The study cannot go on (the objective is never logged, the script rejects the space)."""
+
+
+class _TrialSupervisor(Supervisor):
+    """A supervised run that also tells the training process which trial it is."""
+
+    def __init__(self, *args: Any, trial_env: Mapping[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.trial_env = dict(trial_env)
+
+    def _child_env(self) -> dict[str, str]:
+        return {**super()._child_env(), **self.trial_env}
+
+
+class Worker:
+    def __init__(self, job: TuneJob, index: int = 0) -> None:
+        from prudent.config import load_settings
+        from prudent.store import Store
+        from prudent.tune.space import load_space
+        from prudent.tune.strategy import make_pruner, make_sampler
+        from prudent.tune.study import load, meta_of, open_storage
+
+        self.job, self.index = job, index
+        self.settings = load_settings(job.config_path)
+        seed = None if job.seed is None else job.seed + index
+        self.study = load(job.study, open_storage(job.storage),
+                          sampler=make_sampler(job.sampler, workers=job.workers, seed=seed),
+                          pruner=make_pruner(job.pruner["name"], **job.pruner.get("args", {})))
+        self.meta = meta_of(self.study)
+        self.space = load_space(self.meta["space"])
+        self.store = Store.open(self.settings.store)
+        tuner = os.getppid()
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "created": _created(os.getpid()),
+                   "tuner": {"pid": tuner, "created": _created(tuner)}}
+        self.stopping = False
+
+    # the loop -----------------------------------------------------------------------------
+    def run(self) -> int:
+        from prudent.tune.study import study_lock
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        patience = time.monotonic() + _ORPHAN_WAIT_S * 2
+        try:
+            while not self.stopping:
+                with study_lock(self.job.home, self.job.study):
+                    task = self._claim_orphan() or self._ask()
+                if task is None:
+                    if self._winding_down() and not self.stopping and time.monotonic() < patience:
+                        time.sleep(0.5)  # a dead tuner's worker is still releasing a trial
+                        continue
+                    return 0
+                if not self._run_task(task):
+                    return 0
+            return 0
+        except FatalStudyError as exc:
+            _halt(self.job, str(exc))
+            print(f"prudent: error: {exc}", file=sys.stderr, flush=True)
+            return FATAL_CODE
+        finally:
+            self.store.close()
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.stopping = True
+
+    # picking a trial ----------------------------------------------------------------------
+    def _claim_orphan(self) -> Task | None:
+        import optuna
+
+        for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            owner = trial.user_attrs.get("worker")
+            if owner and (owner.get("host") != self.me["host"] or _alive(owner)):
+                continue  # run by a live worker, or on another machine (it will resume it)
+            if "run_id" not in trial.user_attrs:
+                if owner:  # its worker died between ask and launch: it never ran
+                    self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                continue  # else being asked right now by a worker on another machine
+            self.study._storage.set_trial_user_attr(trial._trial_id, "worker", self.me)
+            return Task(trial.number, trial._trial_id, dict(trial.params),
+                        trial.user_attrs["run_id"], resumed=True)
+        return None
+
+    def _winding_down(self) -> bool:
+        """A trial is still held by a live worker of a dead tuner on this host (its trial
+        checkpoints after the tuner was killed): wait to resume it rather than leave it."""
+        import optuna
+
+        for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            owner = trial.user_attrs.get("worker")
+            if (owner and owner.get("host") == self.me["host"] and _alive(owner)
+                    and not _alive(owner.get("tuner") or {})):
+                return True
+        return False
+
+    def _ask(self) -> Task | None:
+        reason = self._why_not_another()
+        if reason:
+            if reason != "done":
+                print(f"prudent: tune: {reason}", file=sys.stderr, flush=True)
+            return None
+        trial = self.study.ask()
+        params = self.space.suggest(trial)
+        run_id = f"{self.job.study}-{self.meta['token']}-t{trial.number:04d}"[-128:]
+        trial.set_user_attr("worker", self.me)
+        trial.set_user_attr("run_id", run_id)
+        return Task(trial.number, trial._trial_id, params, run_id)
+
+    def _why_not_another(self) -> str:
+        from prudent.tune.budget import next_trial_fits
+
+        if self.stopping or _halted(self.job):
+            return "done"
+        trials = [t for t in self.study.get_trials(deepcopy=False)
+                  if t.state.name != "WAITING" and not t.user_attrs.get("fatal")]
+        if self.job.trials is not None and len(trials) >= self.job.trials:
+            return "done"
+        if self.job.deadline is not None and time.time() >= self.job.deadline:
+            return "timeout reached: no new trial starts"
+        finished = [self._cost(t) for t in trials if t.state.is_finished()]
+        running = [self._cost(t) for t in trials if not t.state.is_finished()]
+        fits, why = next_trial_fits(self.job.budget_usd, finished, running,
+                                    self.job.trial_usd_estimate)
+        return "" if fits else why
+
+    def _cost(self, trial: Any) -> float:
+        if "cost_usd" in trial.user_attrs:
+            return float(trial.user_attrs["cost_usd"])
+        run = self.store.get_run(trial.user_attrs.get("run_id", "")) if trial.user_attrs else None
+        return float(run["cost_usd"] or 0.0) if run else 0.0
+
+    # running it ---------------------------------------------------------------------------
+    def _run_task(self, task: Task) -> bool:
+        """Run (or resume, or just settle) a trial; False when this worker must stop."""
+        code: int | None = None
+        if task.resumed:
+            record = self._wait_for_previous(task)
+            if record is not None and _settled(record):
+                code = record["exit_code"] if record["exit_code"] is not None else 0
+            else:
+                print(f"prudent: tune: trial {task.number} was interrupted; resuming run "
+                      f"{task.run_id} from its checkpoint", file=sys.stderr, flush=True)
+        if code is None:
+            code = self._launch(task)
+        return self._settle(task, code)
+
+    def _launch(self, task: Task) -> int:
+        from prudent.tune.trial import trial_env
+
+        if self.stopping:  # told to stop after this trial was picked: it stays resumable
+            return int(ExitCode.INTERRUPTED)
+
+        env = trial_env(storage=self.job.storage, study=self.job.study, trial_id=task.trial_id,
+                        number=task.number, objective=self.job.objective, pruner=self.job.pruner)
+        supervisor = _TrialSupervisor(
+            self.job.command, self.settings, run_id=task.run_id,
+            name=f"{self.job.study}-trial-{task.number}", overrides=task.params,
+            config_path=self.job.config_path, max_restarts=self.job.max_restarts,
+            trial_env=env)
+        code = supervisor.run()
+        if supervisor._signals_seen:
+            self.stopping = True
+        return code
+
+    def _wait_for_previous(self, task: Task) -> dict[str, Any] | None:
+        """The dead worker's training process gets SIGTERM and checkpoints: let it finish."""
+        deadline = time.monotonic() + _ORPHAN_WAIT_S
+        while True:
+            record = self.store.get_run(task.run_id)
+            pid = record.get("pid") if record else None
+            if not (record and record["status"] == "running" and pid and _pid_runs(pid, task.run_id)):
+                return record
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)  # our own orphan, past its grace period
+            time.sleep(0.2)
+
+    def _settle(self, task: Task, code: int) -> bool:
+        """Tell the study how the trial ended; False when this worker must stop."""
+        import optuna
+
+        State = optuna.trial.TrialState
+        record = self.store.get_run(task.run_id) or {}
+        reason = record.get("stop_reason")
+        if code in _INTERRUPTED or code < 0 or reason in ("preempted", "interrupted"):
+            # left RUNNING on purpose: the next `prudent tune` resumes it from its checkpoint
+            self.study._storage.set_trial_user_attr(task.trial_id, "worker", None)
+            self.stopping = True
+            return False
+        attrs = self._outcome_attrs(task, record)
+        for key, value in attrs.items():
+            self.study._storage.set_trial_user_attr(task.trial_id, key, value)
+        if code == ExitCode.COMPLETED:
+            value = self._objective(task, record)
+            self.study.tell(task.number, value, state=State.COMPLETE)
+        elif code in (ExitCode.PRUNED, ExitCode.RULE):
+            self.study.tell(task.number, state=State.PRUNED)
+        else:
+            self.study.tell(task.number, state=State.FAIL)
+            if code == ExitCode.BAD_INPUT:
+                self.study._storage.set_trial_user_attr(task.trial_id, "fatal", True)
+                raise FatalStudyError(
+                    f"trial {task.number} (run {task.run_id}) exited with code 2: the script "
+                    f"rejected its configuration {task.params} (see its error above); fix the "
+                    "space or the script's config keys, then run the same command again")
+        return not self.stopping
+
+    def _outcome_attrs(self, task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"cost_usd": float(record.get("cost_usd") or 0.0),
+                                 "epochs": _epochs(self.study, task, record),
+                                 "steps": int(record.get("step") or 0)}
+        reason = record.get("stop_reason")
+        if reason == "pruned" or (reason or "").startswith("rule:"):
+            attrs["pruned_by"] = _pruned_by(self.store, task.run_id, reason)
+        elif record.get("status") == "failed":
+            attrs["error"] = _last_end_message(self.store, task.run_id)
+        return attrs
+
+    def _objective(self, task: Task, record: Mapping[str, Any]) -> float:
+        series = [v for _, v in self.store.metric_series(task.run_id, self.job.objective)]
+        if series and series[-1] is not None:
+            return float(series[-1])
+        logged = sorted(self.store.last_metrics(task.run_id))
+        self.study._storage.set_trial_user_attr(task.trial_id, "fatal", True)
+        self.study.tell(task.number, state=__import__("optuna").trial.TrialState.FAIL)
+        if series:
+            raise FatalStudyError(f"trial {task.number} completed but its objective "
+                                  f"{self.job.objective!r} is not finite (NaN); the study stops")
+        raise FatalStudyError(
+            f"--objective {self.job.objective!r} was never logged by trial {task.number} (run "
+            f"{task.run_id}); it logged: {', '.join(logged) or 'nothing'}. Log it with "
+            f"run.log({self.job.objective}=...) after each evaluation, or pick one of those "
+            "names with --objective")
+
+
+# helpers ----------------------------------------------------------------------------------
+def _epochs(study: Any, task: Task, record: Mapping[str, Any]) -> int:
+    reported = study._storage.get_trial(task.trial_id).intermediate_values
+    return max([int(record.get("epoch") or 0), *map(int, reported)])
+
+
+def _pruned_by(store: Any, run_id: str, reason: str) -> str:
+    """``pruner`` or ``rule:<name>``, from the stop request's message."""
+    if reason.startswith("rule:"):
+        return reason
+    for event in reversed(store.events(run_id)):
+        if (event["kind"], event["name"]) == ("lifecycle", "stop_requested"):
+            message = event["message"] or ""
+            if message.startswith("rule "):
+                return "rule:" + message[5:].split(":", 1)[0]
+            return "pruner"
+    return "pruner"
+
+
+def _last_end_message(store: Any, run_id: str) -> str:
+    for event in reversed(store.events(run_id)):
+        if event["name"] == "end":
+            return str(event["message"])[:500]
+    return ""
+
+
+def _settled(record: Mapping[str, Any]) -> bool:
+    """The run ended on its own (completed, pruned, failed) before its worker could tell."""
+    if record["status"] == "completed":
+        return True
+    return record["status"] in ("stopped", "failed") and record["stop_reason"] not in (
+        "preempted", "interrupted") and record["exit_code"] is not None and record[
+        "exit_code"] >= 0 and record["exit_code"] not in _INTERRUPTED
+
+
+def _created(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _alive(owner: Mapping[str, Any]) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(int(owner["pid"])).create_time() == owner.get("created")
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
+def _pid_runs(pid: int, run_id: str) -> bool:
+    """The process ``pid`` is alive and is that run's (not a reused pid)."""
+    import psutil
+
+    try:
+        process = psutil.Process(int(pid))
+        return process.status() != psutil.STATUS_ZOMBIE and process.environ().get(
+            "PRUDENT_RUN_ID") == run_id
+    except (psutil.Error, OSError):
+        return False
+
+
+def _halt_file(job: TuneJob) -> Path:
+    return Path(job.home).resolve() / "studies" / job.study / "halt"
+
+
+def _halt(job: TuneJob, message: str) -> None:
+    _halt_file(job).write_text(message + "\n")
+
+
+def _halted(job: TuneJob) -> bool:
+    return _halt_file(job).exists()
+
+
+def main() -> None:
+    raw = os.environ.get(ENV_JOB)
+    if not raw:
+        print(f"prudent: error: {ENV_JOB} is not set: workers are started by prudent tune",
+              file=sys.stderr)
+        sys.exit(FATAL_CODE)
+    index = int(os.environ.get("PRUDENT_TUNE_WORKER_INDEX", "0"))
+    try:
+        code = Worker(TuneJob.loads(raw), index).run()
+    except ConfigError as exc:
+        print(f"prudent: error: {exc}", file=sys.stderr)
+        code = FATAL_CODE
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

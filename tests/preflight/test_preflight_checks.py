@@ -1,0 +1,171 @@
+"""The checklist judged from recorded data (what the probe writes), without processes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from prudent.preflight.checks import (
+    check_batches,
+    check_finite,
+    check_gradients,
+    check_overfit,
+    check_resume,
+    check_runs,
+)
+from prudent.preflight.runner import PhaseResult, PreflightResult
+
+SIG = [["batch[0]", [4, 3], "float32"], ["batch[1]", [4], "int64"]]
+
+
+def record(num_steps: int = 8, **changes: Any) -> dict[str, Any]:
+    steps = [{"step": i + 1, "epoch": i // 4, "index": i % 4, "loss": 2.0 - 0.1 * i,
+              "time_s": 0.01} for i in range(num_steps)]
+    base = {"status": "completed", "stop_reason": None, "steps": steps, "final_step": num_steps,
+            "epochs": [{"epoch": 0, "tail_s": 0.1}, {"epoch": 1, "tail_s": 0.1}],
+            "batches": [{"leaves": SIG, "count": num_steps, "first_step": 1, "epoch": 0,
+                         "index": 0, "trained": True, "last_of_epoch": False}],
+            "pending_batch": None, "model_inputs": {}, "exception": None,
+            "scan": {"batches": 3, "complete": True, "seconds": 0.1, "nonfinite": []},
+            "gradients": {"num_params": 2, "num_trainable": 2, "never": [], "frozen": [],
+                          "not_in_optimizer": [], "stale": [], "watched": True}}
+    base.update(copy.deepcopy(changes))
+    return base
+
+
+def result(smoke: dict[str, Any] | None, rc: int = 0, stderr: str = "",
+           **phases: dict[str, Any]) -> PreflightResult:
+    out = PreflightResult(["python", "train.py"], steps=4, stop_at=6)
+    out.phases["smoke"] = PhaseResult("smoke", rc, 1.0, smoke, stderr=stderr)
+    for name, rec in phases.items():
+        out.phases[name] = PhaseResult(name, 0, 1.0, rec)
+    return out
+
+
+def test_a_script_that_never_calls_init_is_told_so_plainly() -> None:
+    check = check_runs(result(None))
+    assert check.status == "fail"
+    assert "train.py never called prudent.init()" in check.summary
+    assert "prudent.init(" in check.fix
+
+
+def test_a_crash_before_init_shows_the_traceback() -> None:
+    stderr = ('Traceback (most recent call last):\n  File "/u/train.py", line 3, in <module>\n'
+              "    import missing\nModuleNotFoundError: No module named 'missing'\n")
+    check = check_runs(result(None, rc=1, stderr=stderr))
+    assert check.status == "fail" and "crashed before prudent.init()" in check.summary
+    assert "/u/train.py" in check.detail
+
+
+def test_a_crash_after_the_last_step_of_an_epoch_is_placed_in_evaluation() -> None:
+    exc = {"type": "NameError", "message": "name 'x' is not defined",
+           "frames": [{"file": "/u/train.py", "line": 9, "function": "<module>", "code": "x"}]}
+    crashed = record(4, status="failed", exception=exc, epochs=[])
+    check = check_runs(result(crashed))
+    assert check.status == "fail" and "in evaluation or epoch-end code" in check.summary
+    assert "train.py line 9" in check.fix
+
+
+def test_the_first_non_finite_loss_is_named_with_the_bad_sample() -> None:
+    rec = record()
+    rec["steps"][4]["loss"] = float("nan")
+    rec["scan"]["nonfinite"] = [{"epoch": 1, "index": 0, "trained": True, "path": "batch[0]",
+                                 "rows": [2]}]
+    check = check_finite(result(rec))
+    assert check.status == "fail" and "loss is nan at step 5" in check.summary
+    assert "sample(s) 2" in check.summary and "last finite 1.7" in check.summary
+
+
+def test_bad_data_found_by_the_scan_fails_even_when_every_loss_was_finite() -> None:
+    rec = record(scan={"batches": 3, "complete": True, "seconds": 0.1, "nonfinite": [
+        {"epoch": 0, "index": 30, "trained": False, "path": "batch[0]", "rows": [7]}]})
+    check = check_finite(result(rec))
+    assert check.status == "fail" and "found by the data scan" in check.summary
+
+
+def test_parameters_without_gradient_are_listed_and_frozen_ones_only_warned() -> None:
+    never = record(gradients={**record()["gradients"], "never": ["encoder.weight"]})
+    assert check_gradients(result(never)).status == "fail"
+    assert "encoder.weight" in check_gradients(result(never)).summary
+    frozen = record(gradients={**record()["gradients"], "frozen": ["embed.weight"]})
+    assert check_gradients(result(frozen)).status == "warn"
+    assert check_gradients(result(record())).status == "pass"
+
+
+def overfit_record(losses: list[float], stale: list[str] | None = None) -> dict[str, Any]:
+    rec = record(len(losses))
+    for step, loss in zip(rec["steps"], losses):
+        step["loss"] = loss
+    rec["gradients"]["stale"] = stale or []
+    return rec
+
+
+def test_overfit_passes_on_a_large_fall_and_fails_on_a_flat_loss() -> None:
+    falling = [2.3 * 0.9 ** i for i in range(60)]
+    assert check_overfit(result(record(), overfit=overfit_record(falling))).status == "pass"
+    flat = [2.3 - 0.001 * i for i in range(60)]
+    check = check_overfit(result(record(), overfit=overfit_record(flat)))
+    assert check.status == "fail" and "zero_grad" in check.fix
+
+
+def test_gradients_that_pile_up_fail_overfit_and_skip_resume() -> None:
+    falling = [2.3 * 0.97 ** i for i in range(60)]  # falls 5x: a warning on its own
+    smoke = record(gradients={**record()["gradients"], "stale": ["0.weight"]})
+    piled = result(smoke, overfit=overfit_record(falling, ["0.weight"]), stop=record(6,
+                   status="stopped"), resume=record(8))
+    check = check_overfit(piled)
+    assert check.status == "fail" and "gradients pile up" in check.summary
+    assert check_resume(piled).status == "skip"
+
+
+def test_a_crash_on_the_smaller_last_batch_fails_the_batch_check() -> None:
+    exc = {"type": "RuntimeError", "message": "shape '[4, 3]' is invalid", "frames": []}
+    pending = {"step": 5, "epoch": 0, "index": 3, "last_of_epoch": True,
+               "leaves": [["batch[0]", [2, 3], "float32"], ["batch[1]", [2], "int64"]]}
+    rec = record(4, status="failed", exception=exc, pending_batch=pending)
+    check = check_batches(result(rec))
+    assert check.status == "fail" and "last, smaller batch (2 samples, the others 4)" in \
+        check.summary
+
+
+def test_evaluation_inputs_of_another_dtype_fail_the_batch_check() -> None:
+    inputs = {"model": {"train": [[["input['args'][0]", [4, 3], "float32"]]],
+                        "eval": [[["input['args'][0]", [9, 3], "float64"]]]}}
+    check = check_batches(result(record(model_inputs=inputs)))
+    assert check.status == "fail" and "float64, in training float32" in check.summary
+
+
+def test_resume_passes_only_when_the_losses_after_the_restart_are_identical() -> None:
+    smoke = record()
+    stop = record(6, status="stopped", stop_reason="preempted")
+    stop["steps"] = smoke["steps"][:6]
+    resumed = record(8)
+    resumed["steps"] = copy.deepcopy(smoke["steps"][6:])
+    assert check_resume(result(smoke, stop=stop, resume=resumed)).status == "pass"
+    resumed["steps"][1]["loss"] += 1e-7
+    check = check_resume(result(smoke, stop=stop, resume=resumed))
+    assert check.status == "fail" and "step 8" in check.summary
+
+
+def test_a_resumed_process_that_crashes_fails_resume_with_its_traceback() -> None:
+    exc = {"type": "KeyError", "message": "'best_acc'", "frames": [
+        {"file": "/u/train.py", "line": 20, "function": "load_state_dict", "code": "s['best_acc']"}]}
+    stop = record(6, status="stopped", stop_reason="preempted")
+    crashed = record(0, status="failed", exception=exc)
+    check = check_resume(result(record(), stop=stop, resume=crashed))
+    assert check.status == "fail" and "KeyError" in check.summary and "/u/train.py" in check.detail
+
+
+def test_nondeterministic_scripts_warn_instead_of_failing_resume() -> None:
+    smoke, stop = record(), record(6, status="stopped")
+    stop["steps"][0]["loss"] = 9.0
+    assert check_resume(result(smoke, stop=stop, resume=record())).status == "warn"
+
+
+def test_a_crash_after_the_training_block_fails_runs() -> None:
+    stderr = ('Traceback (most recent call last):\n  File "/u/train.py", line 30, in <module>\n'
+              "    torch.save(model, '/nonexistent/model.pt')\n"
+              "FileNotFoundError: [Errno 2] No such file or directory: '/nonexistent/model.pt'\n")
+    check = check_runs(result(record(), rc=1, stderr=stderr))
+    assert check.status == "fail" and "after the `with run:` block" in check.summary
+    assert "/u/train.py" in check.detail

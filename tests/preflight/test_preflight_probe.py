@@ -1,0 +1,121 @@
+"""The probe inside a real (in-process) run in smoke mode: what it steers and what it records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import prudent
+from prudent.config import ProjectSettings
+from prudent.preflight import PreflightProbe
+
+
+@pytest.fixture
+def smoke(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, settings: ProjectSettings) -> Path:
+    out = tmp_path / "record.json"
+    monkeypatch.setenv("PRUDENT_SMOKE", "1")
+    monkeypatch.setenv("PRUDENT_PREFLIGHT_STEPS", "3")
+    monkeypatch.setenv("PRUDENT_PREFLIGHT_OUT", str(out))
+    return out
+
+
+def loader(num_samples: int = 60, batch_size: int = 8) -> DataLoader[Any]:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(num_samples, 4, generator=generator)
+    return DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=batch_size)
+
+
+class Detached(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder, self.head = torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x).detach())
+
+
+def train(settings: ProjectSettings, model: torch.nn.Module, zero_grad: bool = True,
+          epochs: int = 5) -> prudent.Run:
+    run = prudent.init(name="probe", settings=settings, exit_on_stop=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run.attach(model=model, optimizer=opt)
+    with run:
+        for _ in run.epochs(epochs):
+            for x, y in run.batches(loader()):
+                loss = F.cross_entropy(model(x), y)
+                run.backward(loss)
+                opt.step()
+                if zero_grad:
+                    opt.zero_grad()
+                run.step(loss=loss)
+            with torch.no_grad():
+                model.eval()
+                model(torch.zeros(3, 4, dtype=torch.float32))
+                model.train()
+    return run
+
+
+def test_smoke_mode_runs_two_short_epochs_and_reaches_the_last_batch(
+        settings: ProjectSettings, smoke: Path) -> None:
+    run = train(settings, torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
+                                              torch.nn.Linear(8, 2)))
+    assert isinstance(run.components[-1], PreflightProbe)
+    record = json.loads(smoke.read_text())
+    assert record["status"] == "completed" and record["num_epochs"] == 5
+    assert [(s["epoch"], s["index"]) for s in record["steps"]] == [
+        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert record["scan"] == {"batches": 5, "complete": True, "nonfinite": [],
+                              "seconds": record["scan"]["seconds"]}
+    last = [b for b in record["batches"] if b["last_of_epoch"]]
+    assert last and last[0]["leaves"][0][1] == [4, 4]  # 60 samples: the last batch has 4
+    assert record["batches_per_epoch"] == 8 and record["step_s"] > 0
+    assert record["gradients"]["never"] == [] and record["gradients"]["stale"] == []
+    assert set(record["model_inputs"]["model"]) == {"train", "eval"}
+    assert record["memory"]["peak_rss_bytes"] > 0
+
+
+def test_a_detached_layer_and_a_missing_zero_grad_are_recorded(
+        settings: ProjectSettings, smoke: Path) -> None:
+    train(settings, Detached(), zero_grad=False)
+    gradients = json.loads(smoke.read_text())["gradients"]
+    assert gradients["never"] == ["encoder.weight", "encoder.bias"]
+    assert gradients["stale"] == ["head.bias", "head.weight"]
+
+
+def test_overfit_mode_repeats_the_first_batch_until_the_loss_fell_tenfold(
+        settings: ProjectSettings, smoke: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRUDENT_PREFLIGHT_MODE", "overfit")
+    monkeypatch.setenv("PRUDENT_PREFLIGHT_OVERFIT_STEPS", "200")
+    seen: list[torch.Tensor] = []
+    model = torch.nn.Linear(4, 2)
+    run = prudent.init(name="overfit", settings=settings, exit_on_stop=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    run.attach(model=model, optimizer=opt)
+    with run:
+        for _ in run.epochs(5):
+            for x, y in run.batches(loader()):
+                seen.append(x)
+                loss = F.cross_entropy(model(x), y)
+                run.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                run.step(loss=loss)
+    record = json.loads(smoke.read_text())
+    assert record["status"] == "stopped" and record["stop_reason"] == "preflight"
+    losses = [s["loss"] for s in record["steps"]]
+    assert 10 <= len(losses) < 200 and all(torch.equal(x, seen[0]) for x in seen)
+    assert losses[-1] <= losses[0] / 10 < min(losses[:-1])  # stopped at the first 10x fall
+
+
+def test_the_probe_is_only_built_in_smoke_mode() -> None:
+    assert PreflightProbe.build({}) is None
+    assert PreflightProbe.build({"PRUDENT_SMOKE": "0"}) is None
+    probe = PreflightProbe.build({"PRUDENT_SMOKE": "1", "PRUDENT_PREFLIGHT_STEPS": "5",
+                                  "PRUDENT_PREFLIGHT_STOP_AT": "7"})
+    assert probe is not None and (probe.settings.steps, probe.settings.stop_at) == (5, 7)

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from prudent.config import ProjectSettings
+from prudent.errors import ConfigError
+from prudent.tune.study import create_or_load, open_storage, storage_url
+from prudent.tune.tuner import TuneOptions, Tuner, parse_enqueue
+
+SPACE = {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
+         "opt": {"type": "categorical", "choices": ["adam", "sgd"]}}
+
+
+def _options(**kwargs: object) -> TuneOptions:
+    base = {"command": ["python", "train.py"], "space": SPACE, "objective": "val_acc"}
+    return TuneOptions(**{**base, **kwargs})  # type: ignore[arg-type]
+
+
+def test_warm_start_enqueues_the_best_configurations_of_an_earlier_study_that_fit(
+        settings: ProjectSettings) -> None:
+    home = Path(settings.store.home).resolve()
+    old = create_or_load("old", open_storage(storage_url(home, "old")),
+                         {"objective": "val_acc", "direction": "max", "space": {}})
+    distributions = {"lr": optuna.distributions.FloatDistribution(0.001, 1.0, log=True),
+                     "opt": optuna.distributions.CategoricalDistribution(["adam", "sgd"])}
+    for value, params in ((0.9, {"lr": 0.01, "opt": "adam"}), (0.5, {"lr": 0.05, "opt": "sgd"}),
+                          (0.95, {"lr": 0.5, "opt": "sgd"})):  # lr 0.5 is outside the new space
+        old.add_trial(optuna.trial.create_trial(params=params, distributions=distributions,
+                                                value=value))
+    study, _ = Tuner(_options(study="new", warm_start="old"), settings, quiet=True).open()
+    waiting = [t.system_attrs["fixed_params"] for t in study.get_trials()
+               if t.state.name == "WAITING"]
+    assert waiting == [{"opt": "sgd"}, {"lr": 0.01, "opt": "adam"}, {"lr": 0.05, "opt": "sgd"}]
+    again, _ = Tuner(_options(study="new", warm_start="old"), settings, quiet=True).open()
+    assert len(again.get_trials()) == 3  # a restart does not enqueue them twice
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"command": []}, "no command to tune"),
+    ({"direction": "up"}, "--direction must be max or min"),
+    ({"sampler": "bayes"}, "--sampler 'bayes'"),
+    ({"workers": 0}, "--workers must be >= 1"),
+    ({"budget_usd": -1.0}, "--budget-usd must be > 0"),
+    ({"enqueue": [{"lrr": 0.1}]}, "--enqueue #1: lrr not in the search space"),
+    ({"study": "../x"}, "study name '../x' is invalid"),
+    ({"warm_start": "missing"}, "--warm-start 'missing': no such study"),
+])
+def test_bad_flags_are_refused_before_a_study_opens(settings: ProjectSettings, kwargs: dict,
+                                                    message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        Tuner(_options(**kwargs), settings, quiet=True).open()
+
+
+def test_enqueue_takes_inline_json_and_files_of_lists(tmp_path: Path) -> None:
+    path = tmp_path / "good.yaml"
+    path.write_text("- {lr: 0.01}\n- {lr: 0.02, opt: sgd}\n")
+    assert parse_enqueue(['{"lr": 0.03}', str(path)]) == [
+        {"lr": 0.03}, {"lr": 0.01}, {"lr": 0.02, "opt": "sgd"}]
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        parse_enqueue(["[1, 2]"])

@@ -1,0 +1,81 @@
+"""The worker's decisions on a real journal study and a real store (no trial processes)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from prudent.config import ProjectSettings
+from prudent.tune.study import create_or_load, open_storage, storage_url
+from prudent.tune.worker import TuneJob, Worker
+
+SPACE = {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}}
+META = {"objective": "val_acc", "direction": "max", "space": SPACE,
+        "pruner": {"name": "none", "args": {}}}
+
+
+def _worker(settings: ProjectSettings, **job: object) -> tuple[Worker, optuna.Study]:
+    home = str(Path(settings.store.home).resolve())
+    url = storage_url(home, "w")
+    study = create_or_load("w", open_storage(url), META)
+    spec = {"study": "w", "storage": url, "home": home, "command": ["python", "train.py"],
+            "objective": "val_acc", "sampler": "random", "pruner": {"name": "none", "args": {}}}
+    return Worker(TuneJob(**{**spec, **job})), study  # type: ignore[arg-type]
+
+
+def test_a_new_trial_gets_a_run_id_and_its_worker_recorded(settings: ProjectSettings) -> None:
+    worker, study = _worker(settings, trials=2)
+    task = worker._ask()
+    assert task is not None and task.number == 0 and 0.001 <= task.params["lr"] <= 0.1
+    attrs = study.trials[0].user_attrs
+    assert attrs["run_id"] == task.run_id and task.run_id.startswith("w-")
+    assert attrs["worker"]["pid"] > 0 and attrs["worker"]["host"] == socket.gethostname()
+    worker.store.close()
+
+
+def test_no_trial_starts_past_the_count_or_the_timeout(settings: ProjectSettings,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    worker, _ = _worker(settings, trials=1)
+    assert worker._ask() is not None and worker._ask() is None  # the one trial is running
+    worker.store.close()
+    late, _ = _worker(settings, trials=5, deadline=time.time() - 1)
+    assert late._ask() is None
+    assert "timeout reached: no new trial starts" in capsys.readouterr().err
+    late.store.close()
+
+
+def test_no_trial_starts_when_the_budget_is_spent(settings: ProjectSettings,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    worker, study = _worker(settings, trials=5, budget_usd=1.0)
+    task = worker._ask()
+    assert task is not None
+    study._storage.set_trial_user_attr(task.trial_id, "cost_usd", 0.7)
+    study.tell(task.number, 0.5)
+    assert worker._ask() is None  # 0.7 spent + ~0.7 for one more > 1.0
+    assert "would pass --budget-usd 1.00" in capsys.readouterr().err
+    worker.store.close()
+
+
+def test_a_trial_whose_worker_died_is_claimed_and_keeps_its_number(
+        settings: ProjectSettings) -> None:
+    worker, study = _worker(settings, trials=5)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    trial = study.ask()
+    trial.set_user_attr("run_id", "w-abc-t0000")
+    trial.set_user_attr("worker", {"host": socket.gethostname(), "pid": dead.pid,
+                                   "created": 1.0})
+    alive = study.ask()  # held by a live worker (this process): left alone
+    alive.set_user_attr("run_id", "w-abc-t0001")
+    alive.set_user_attr("worker", worker.me)
+    task = worker._claim_orphan()
+    assert task is not None and task.resumed and (task.number, task.run_id) == (0, "w-abc-t0000")
+    assert study.trials[0].user_attrs["worker"]["pid"] == worker.me["pid"]
+    assert worker._claim_orphan() is None  # claimed now, and trial 1 is alive
+    worker.store.close()
