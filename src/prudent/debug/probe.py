@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 __all__ = ["ForwardProbe", "IndexedBatches", "SampleIndexRecorder", "batch_size_of",
-           "describe_batch", "float_or_text", "non_finite_grads", "non_finite_rows", "tensors_in"]
+           "describe_batch", "float_or_text", "index_list", "non_finite_grads", "non_finite_rows", "tensors_in"]
 
 
 class SampleIndexRecorder:
@@ -52,17 +52,23 @@ class SampleIndexRecorder:
             self._queue.append(index)
             yield index
 
-    def next_batch(self) -> list[int] | None:
-        """Indices of the batch just yielded (``None`` when not known)."""
+    def next_batch(self) -> Any:
+        """What the sampler gave for the batch just yielded, as is (``None`` when not known):
+        turning it into ints per step would cost more than the rest of capture; see
+        :func:`index_list`."""
         if self._unknown:
             self._unknown -= 1
             return None
-        if not self._queue:
-            return None
-        index = self._queue.popleft()
-        if isinstance(index, (list, tuple)):
-            return [_as_int(i) for i in index]
-        return [_as_int(index)]
+        return self._queue.popleft() if self._queue else None
+
+
+def index_list(raw: Any) -> list[int] | None:
+    """A sampler's index (or batch of indices) as a list of ints, when a bundle needs it."""
+    if raw is None:
+        return None
+    if isinstance(raw, (list, tuple)):
+        return [_as_int(i) for i in raw]
+    return [_as_int(raw)]
 
 
 class IndexedBatches:
@@ -76,15 +82,20 @@ class IndexedBatches:
         self.source = getattr(iterator, "source", iterator)
         self._iterator = iterator
         self._recorder = SampleIndexRecorder.install(self.source)
-        self.indices: list[Any] | None = None
+        self.raw_indices: Any = None  # the sampler's output for the last batch (index_list)
 
     def __iter__(self) -> IndexedBatches:
         return self
 
     def __next__(self) -> Any:
         batch = next(self._iterator)
-        self.indices = self._recorder.next_batch() if self._recorder is not None else None
+        self.raw_indices = self._recorder.next_batch() if self._recorder is not None else None
         return batch
+
+    @property
+    def indices(self) -> list[int] | None:
+        """The dataset indices of the last batch."""
+        return index_list(self.raw_indices)
 
 
 def _as_int(index: Any) -> Any:
