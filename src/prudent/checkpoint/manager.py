@@ -14,8 +14,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-import torch
 
+from prudent.checkpoint.objects import check_saveable, restore_object, state_of
 from prudent.checkpoint.schedule import SaveSchedule
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.checkpoint.storage import CheckpointStorage, open_storage
@@ -91,9 +91,9 @@ class Checkpointer(Component):
 
     def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
         for key, obj in objects.items():
-            _check_saveable(key, obj)
+            check_saveable(key, obj)
             if key in self._saved_objects:
-                _restore(obj, self._saved_objects.pop(key))
+                restore_object(obj, self._saved_objects.pop(key))
 
     # save ---------------------------------------------------------------------------------
     def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
@@ -143,7 +143,7 @@ class Checkpointer(Component):
             return
         state = run.state
         self._last_position = (state.step, state.epoch, state.batches_in_epoch)
-        payload = {"objects": {k: _state_of(v) for k, v in run.objects.items()},
+        payload = {"objects": {k: state_of(v) for k, v in run.objects.items()},
                    "run": run.state_dict()}
         meta = {"run_id": run.id, "epoch": state.epoch, "batches_in_epoch": state.batches_in_epoch,
                 "reason": reason}
@@ -183,30 +183,3 @@ def _default_location(run: Run) -> str:
     if os.environ.get("SM_TRAINING_ENV") and os.path.isdir(SAGEMAKER_CHECKPOINTS):
         return f"{SAGEMAKER_CHECKPOINTS}/{run.id}"
     return str(run.run_dir / "checkpoints")
-
-
-def _state_of(obj: Any) -> Any:
-    return obj.state_dict() if hasattr(obj, "state_dict") else obj
-
-
-def _restore(obj: Any, saved: Any) -> None:
-    if hasattr(obj, "load_state_dict"):
-        obj.load_state_dict(saved)
-    elif isinstance(obj, torch.Tensor):
-        with torch.no_grad():
-            obj.copy_(saved)
-    elif isinstance(obj, dict):
-        obj.clear()
-        obj.update(saved)
-    elif isinstance(obj, list):
-        obj[:] = saved
-
-
-def _check_saveable(key: str, obj: Any) -> None:
-    if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
-        return
-    if isinstance(obj, (dict, list, torch.Tensor)):
-        return
-    raise ConfigError(
-        f"run.attach({key}=...) got a {type(obj).__name__}, which prudent cannot restore in "
-        "place: attach objects with state_dict()/load_state_dict(), tensors, dicts or lists")

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from prudent.checkpoint.objects import state_of
 from prudent.debug.bundle import format_size, write_bundle
 from prudent.debug.environment import environment, git_state, user_traceback
 from prudent.debug.probe import IndexedBatches, index_list, non_finite_grads, non_finite_rows
@@ -189,7 +190,7 @@ class FailureCapture(Component):
         name = f"step-{step}" + (f"-rank{self._rank.rank}" if self._rank.is_distributed else "")
         run_state = {"state": run.state.state_dict(), "rng": self._rng or capture_rng(),
                      "loss": self._loss if isinstance(self._loss, torch.Tensor) else None}
-        objects = {k: _state_of(v) for k, v in run.objects.items()}
+        objects = {k: state_of(v) for k, v in run.objects.items()}
         written = write_bundle(capture_folder(run), name, info, self._batch, run_state,
                                objects, int(self.settings.max_bytes))
         self.written.append(written.path)
@@ -251,10 +252,6 @@ def _step_rng() -> dict[str, Any]:
     if torch.cuda.is_initialized():  # is_available() alone costs ~10 us on a CPU-only build
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
-
-
-def _state_of(obj: Any) -> Any:
-    return obj.state_dict() if hasattr(obj, "state_dict") else obj
 
 
 def _scalar(value: Any) -> float | str:

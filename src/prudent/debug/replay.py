@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
+from prudent.checkpoint.objects import restore_object
 from prudent.debug.bundle import BATCH_FILE, RUN_FILE, Bundle, object_file, read_bundle
 from prudent.debug.probe import (
     ForwardProbe,
@@ -337,16 +338,7 @@ def _restore(obj: Any, saved: Any) -> str | None:
         if problem:
             return problem
     try:
-        if hasattr(obj, "load_state_dict"):
-            obj.load_state_dict(saved)
-        elif isinstance(obj, torch.Tensor):
-            with torch.no_grad():
-                obj.copy_(saved)
-        elif isinstance(obj, dict):
-            obj.clear()
-            obj.update(saved)
-        elif isinstance(obj, list):
-            obj[:] = saved
+        restore_object(obj, saved)
     except Exception as exc:  # noqa: BLE001 - any mismatch is reported the same way
         return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"
     return None

@@ -1,0 +1,43 @@
+"""What ``run.attach`` accepts, and how one object is saved and put back in place.
+
+Shared by the checkpointer (save, resume) and by failure capture and replay, which save and
+restore the same objects the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from prudent.errors import ConfigError
+
+__all__ = ["check_saveable", "restore_object", "state_of"]
+
+
+def state_of(obj: Any) -> Any:
+    return obj.state_dict() if hasattr(obj, "state_dict") else obj
+
+
+def restore_object(obj: Any, saved: Any) -> None:
+    """Load ``saved`` into ``obj`` in place (the script keeps its references)."""
+    if hasattr(obj, "load_state_dict"):
+        obj.load_state_dict(saved)
+    elif isinstance(obj, torch.Tensor):
+        with torch.no_grad():
+            obj.copy_(saved)
+    elif isinstance(obj, dict):
+        obj.clear()
+        obj.update(saved)
+    elif isinstance(obj, list):
+        obj[:] = saved
+
+
+def check_saveable(key: str, obj: Any) -> None:
+    if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+        return
+    if isinstance(obj, (dict, list, torch.Tensor)):
+        return
+    raise ConfigError(
+        f"run.attach({key}=...) got a {type(obj).__name__}, which prudent cannot restore in "
+        "place: attach objects with state_dict()/load_state_dict(), tensors, dicts or lists")
