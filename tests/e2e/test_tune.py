@@ -113,7 +113,9 @@ def test_no_trial_starts_when_the_projected_trial_cost_would_pass_the_budget(
 def test_a_study_in_a_database_url_storage(project: Project) -> None:
     """What several machines would share (PostgreSQL there; SQLite's URL here, one worker)."""
     url = f"sqlite:///{project.path / 'optuna.db'}"
-    result = _tune(project, "--trials", "2", "--pruner", "none", "--storage", url)
+    # two known-good configurations: a random lr up to 1e3 could be pruned by a rule
+    result = _tune(project, "--trials", "2", "--pruner", "none", "--storage", url,
+                   "--enqueue", GOOD, "--enqueue", GOOD.replace("0.05", "0.02"))
     assert result.returncode == 0, result.stderr
     assert not (project.path / ".prudent" / "studies" / "s.journal").exists()
     shown = project.prudent("study", "s", "--storage", url, "--json")
