@@ -26,7 +26,7 @@ from prudent.monitor.settings import MonitorSettings
 __all__ = ["StepStats"]
 
 _SAMPLED_ELEMENTS = 4096  # per weight tensor, for the update ratio
-_MAX_NORM_STRIDE = 8  # auto never measures the gradient norm less often than this
+_MAX_NORM_STRIDE = 16  # auto never measures the gradient norm less often than this
 _BURST_JUMP = 3.0  # a norm this many times the previous one starts measuring every step
 
 
