@@ -37,7 +37,7 @@ from prudent.preemption import PreemptionSettings
 from prudent.profile.settings import ProfileSettings
 from prudent.store import StoreSettings
 
-__all__ = ["ENV_SETTINGS", "ProjectSettings", "RunSettings", "load_settings"]
+__all__ = ["ENV_SETTINGS", "ProjectSettings", "RunSettings", "load_settings", "read_yaml_file"]
 
 SETTINGS_FILE = "prudent.yaml"
 
@@ -131,22 +131,28 @@ def _read_file(path: str | os.PathLike[str] | None) -> tuple[str | None, dict[st
         if not Path(SETTINGS_FILE).is_file():
             return None, {}
         path = SETTINGS_FILE
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read settings file {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data = read_yaml_file(path, "settings file")
     if data is None:
         return str(path), {}
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ConfigError(f"{path}: expected sections of key: value pairs, e.g. 'store: "
                           "{home: .prudent}', got {data!r}")
     return str(path), {k: dict(v) for k, v in data.items()}
+
+
+def read_yaml_file(path: str | os.PathLike[str], what: str) -> Any:
+    """A YAML file's content; an unreadable file or bad YAML is a :class:`ConfigError` naming
+    the file (and the line)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
 
 
 def describe_validation_error(exc: ValidationError, source: str,

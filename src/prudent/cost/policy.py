@@ -12,10 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
 from pydantic import ValidationError
 
 from prudent.cost.catalog import Catalog, InstanceType, matches
@@ -211,12 +209,9 @@ def load_policy(settings: ProjectSettings) -> PolicySettings:
     path = settings.cost.policy_file
     if not path:
         return settings.policy
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read policy file {path!r}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"policy file {path!r} is not valid YAML: {exc}") from None
+    from prudent.config import read_yaml_file  # config imports this package's settings
+
+    data = read_yaml_file(path, "policy file") or {}
     if isinstance(data, dict) and set(data) == {"policy"}:
         data = data["policy"]  # a prudent.yaml-style file with only the policy section
     try:

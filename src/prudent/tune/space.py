@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 
+from prudent.config import read_yaml_file
 from prudent.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -132,16 +132,7 @@ def load_space(source: str | Path | Mapping[str, Any]) -> SearchSpace:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read search space {str(path)!r}: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{line}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    data = read_yaml_file(path, "search space")
     if data is None:
         return {}
     if not isinstance(data, dict):
