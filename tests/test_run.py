@@ -115,6 +115,20 @@ def test_batch_wrappers_change_what_every_epoch_yields(settings: ProjectSettings
     assert (run.status, run.state.step) == ("completed", 6)
 
 
+def test_host_scalar_reads_a_cpu_loss_once_for_every_component_that_asks(
+        settings: ProjectSettings) -> None:
+    run = prudent.init(name="host", settings=settings, exit_on_stop=False, components=[])
+    loss = torch.tensor(2.5, requires_grad=True) * 1
+    assert run.host_scalar(loss) == 2.5 and isinstance(run.host_scalar(loss), float)
+    with torch.no_grad():
+        loss.fill_(7.0)  # the same tensor: the number read at its first ask is reused
+    assert run.host_scalar(loss) == 2.5
+    assert run.host_scalar(torch.tensor(1.0)) == 1.0  # a new tensor is read
+    batch = torch.ones(3)
+    assert run.host_scalar(batch) is batch and run.host_scalar(0.5) == 0.5
+    run._finish("completed", None)
+
+
 def test_stop_request_unwinds_to_with_block_without_exiting(settings: ProjectSettings) -> None:
     log = EventLog()
     run = prudent.init(name="stop", settings=settings, exit_on_stop=False,

@@ -61,6 +61,7 @@ class Run:
         self._scaler: Any = None
         self._logged: dict[str, float] = {}
         self.gauges: dict[str, float] = {}  # live values a component publishes (cost_usd)
+        self._host_read: tuple[Any, Any] = (None, None)  # the last tensor read, and its number
         self._resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
         self._batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self._components: list[Component] = []
@@ -245,6 +246,19 @@ class Run:
         self._logged.update(values)
         self.emit(Event.LOG, values)
         self._check_stop()
+
+    def host_scalar(self, value: Any) -> Any:
+        """A 0-d tensor's number when reading it costs no wait (the tensor is on the CPU), read
+        once however many components ask for the same tensor; anything else comes back as is
+        (a tensor on a device stays there: reading it would make the host wait)."""
+        last, number = self._host_read
+        if value is last:
+            return number
+        number = value
+        if hasattr(value, "is_cpu") and value.is_cpu and value.dim() == 0:
+            number = value.item()
+        self._host_read = (value, number)
+        return number
 
     def capture(self, reason: str = "user", message: str = "",
                 error: BaseException | None = None) -> None:

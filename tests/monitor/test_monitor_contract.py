@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import io
 import math
+import random
+import statistics
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +19,7 @@ from prudent.monitor import Finding, Rule, RuleSettings, Window, rule, unregiste
 from prudent.monitor.base import ActivationSample, EvalSample, LayerSample, MemorySample
 from prudent.monitor.registry import RULES
 from prudent.monitor.rules import BUILTIN_RULES
+from prudent.monitor.rules.numeric import _median
 from tests.monitor.streams import ONSET, SICK, Run, sick_stream, stream
 
 USER_RULE = "loss_above"
@@ -150,3 +153,19 @@ def test_stalled_judges_idle_time_with_a_longer_limit_before_the_first_step() ->
     assert finding is not None and finding.threshold == 120.0
     assert "no step for 121 s after step 40" in finding.message
     assert stalled.check_idle(1000.0, step=0, started=False) is None  # type: ignore[attr-defined]
+
+
+def test_exploding_gradient_baseline_is_the_median_of_its_last_window_of_norms() -> None:
+    generator = random.Random(0)
+    rule_ = make("exploding_gradient", window=7, factor=1e9)
+    norms = [generator.choice([1.0, 2.0, 3.0, generator.random()]) for _ in range(60)]
+    for start in range(0, 60, 4):  # windows of 4 norms: the 7-norm history keeps rolling over
+        steps = list(range(start + 1, start + 5))
+        rule_.check(Window(steps=steps, loss=[1.0] * 4, grad_norm=norms[start:start + 4]))
+        assert rule_._ordered == sorted(rule_.history)  # type: ignore[attr-defined]
+        assert list(rule_.history) == norms[max(0, start + 4 - 7):start + 4]  # type: ignore[attr-defined]
+    resumed = make("exploding_gradient", window=7)
+    resumed.load_state_dict(rule_.state_dict())
+    assert resumed._ordered == sorted(norms[-7:])  # type: ignore[attr-defined]
+    assert _median(resumed._ordered) == statistics.median(norms[-7:])  # type: ignore[attr-defined]
+    assert _median([1.0, 2.0, 3.0, 4.0]) == 2.5

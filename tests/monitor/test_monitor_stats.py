@@ -20,7 +20,9 @@ def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def one_step(stats: StepStats, model: nn.Module, opt: torch.optim.Optimizer, step: int,
-             scaler: torch.amp.GradScaler | None = None) -> torch.Tensor:
+             scaler: torch.amp.GradScaler | None = None, reported: float | None = None) -> bool:
+    """One training step watched by ``stats`` (told ``reported`` as the loss, if given); True
+    when a window is due."""
     x, y = batch(step)
     loss = F.cross_entropy(model(x), y)
     (scaler.scale(loss) if scaler else loss).backward()
@@ -31,8 +33,7 @@ def one_step(stats: StepStats, model: nn.Module, opt: torch.optim.Optimizer, ste
     else:
         opt.step()
     opt.zero_grad()
-    stats.step_end(step, loss)
-    return loss
+    return stats.step_end(step, loss if reported is None else reported)
 
 
 def make(every: int = 1, sample: int = 50, **objects: object) -> tuple[StepStats, nn.Module, torch.optim.Optimizer]:
@@ -85,6 +86,33 @@ def test_a_jump_in_the_norm_makes_a_sparse_stride_measure_every_step() -> None:
     assert measured == [4, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20]
 
 
+@pytest.mark.parametrize("jump, due", [(True, [10]), (False, [])])
+def test_while_a_jump_is_followed_checks_come_at_the_shortest_interval(
+        jump: bool, due: list[int]) -> None:
+    stats, model, opt = make(every=4)
+    stats.check_every = 100  # stretched: checks were dear
+    checked = []
+    for step in range(1, 31):
+        if step == 8 and jump:
+            with torch.no_grad():
+                model[0].weight.mul_(50)
+        if one_step(stats, model, opt, step):
+            checked.append(step)
+            stats.take_window()
+    assert checked == due  # every check_every_steps (10) while the burst lasts (steps 8-16)
+
+
+def test_a_jump_in_the_loss_measures_the_next_norm_whatever_the_stride() -> None:
+    stats, model, opt = make(every=50)
+    measured = []
+    for step in range(1, 31):
+        # a noisy batch at 3x the level is ignored; an explosion's 10x is looked at closer
+        if one_step(stats, model, opt, step, reported=0.5 * {14: 3, 18: 10}.get(step, 1)):
+            window = stats.take_window()  # the level is known from the first window on
+            measured += [s for s, g in zip(window.steps, window.grad_norm) if g is not None]
+    assert measured == [19]
+
+
 def test_auto_stride_keeps_the_norm_within_the_budget() -> None:
     clock = FakeClock()
     model = tiny_model()
@@ -123,7 +151,7 @@ def test_dear_checks_come_rarer_but_never_past_the_maximum() -> None:
     stats.check_took(300e-6)  # a 300 us check every 10 steps would be 3% of the time
     assert stats.check_every == 30  # 300 us / 30 steps = 1%
     stats.check_took(0.5)
-    assert stats.check_every == 50  # capped: rules must still see the loss often
+    assert stats.check_every == 100  # capped: rules must still see the loss often
     stats.check_took(1e-6)
     assert stats.check_every == 10  # cheap again: back to check_every_steps
     assert stats.step_end(11, float("nan"))  # a NaN on the host is judged at once
@@ -148,6 +176,22 @@ def test_layer_sample_gives_weight_gradient_rms_and_the_exact_update_ratio() -> 
                           for p, b in zip(model.parameters(), before)))
     weight = math.sqrt(sum((b ** 2).sum().item() for b in before))
     assert sample.update_ratio == pytest.approx(delta / weight, rel=1e-4)
+
+
+def test_update_ratio_follows_a_parameter_whose_storage_was_replaced() -> None:
+    stats, model, opt = make(sample=2)
+    for step in (1, 2, 3):
+        one_step(stats, model, opt, step)
+    first = model[0].weight
+    first.data = first.data.clone()  # what model.to() does: new storage, same Parameter
+    before = [p.detach().clone() for p in model.parameters()]
+    one_step(stats, model, opt, 4)
+    samples = stats.take_window().layers
+    delta = math.sqrt(sum(((p.detach() - b) ** 2).sum().item()
+                          for p, b in zip(model.parameters(), before)))
+    weight = math.sqrt(sum((b ** 2).sum().item() for b in before))
+    assert [s.step for s in samples] == [2, 4]
+    assert samples[1].update_ratio == pytest.approx(delta / weight, rel=1e-4)
 
 
 def test_update_ratio_of_a_large_weight_comes_from_a_small_strided_sample() -> None:

@@ -105,10 +105,10 @@ class FailureCapture(Component):
 
     def on_after_backward(self, run: Run, loss: Any) -> None:
         self._phase = "after_backward"
-        self._loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        self._loss = loss  # detached only if a bundle is written
         if not self._check_loss or "non_finite" in self._kinds_done:
             return  # one bundle per failure: the steps after the first are not new ones
-        problem = self._non_finite(loss)
+        problem = self._non_finite(run, loss)
         if problem is not None:
             self._capture(run, "non_finite", problem)
 
@@ -118,8 +118,8 @@ class FailureCapture(Component):
         if no_backward and self._check_loss and "non_finite" not in self._kinds_done:
             loss = metrics.get("loss")
             if loss is not None:
-                self._loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
-                problem = self._non_finite(loss)
+                self._loss = loss
+                problem = self._non_finite(run, loss)
                 if problem is not None:  # seen only now, after the update: the bundle says so
                     self._capture(run, "non_finite", f"{problem} (seen at run.step: the loop "
                                   "does not call run.backward, so after the update)")
@@ -143,14 +143,15 @@ class FailureCapture(Component):
             self._capture(run, reason, message)
 
     # detection ----------------------------------------------------------------------------
-    def _non_finite(self, loss: Any) -> str | None:
-        if not isinstance(loss, torch.Tensor):
-            loss = torch.tensor(float(loss))
-        value = loss.detach() if loss.requires_grad else loss
-        if not value.is_cpu and not self._check_on_device:
-            return None  # reading it would make the host wait for the device at every step
-        finite = (math.isfinite(value.item()) if value.dim() == 0
-                  else bool(torch.isfinite(value).all()))
+    def _non_finite(self, run: Run, loss: Any) -> str | None:
+        value = run.host_scalar(loss)  # a CPU loss read once for every component that asks
+        if isinstance(value, torch.Tensor):  # on a device, or more than one number
+            value = value.detach()
+            if not value.is_cpu and not self._check_on_device:
+                return None  # reading it would make the host wait for the device at every step
+            finite = bool(torch.isfinite(value).all())
+        else:
+            finite = math.isfinite(float(value))
         if not finite:
             return f"loss is {_scalar(value)}"
         if self._amp or not self._params or not self._check_gradients:
@@ -189,7 +190,8 @@ class FailureCapture(Component):
         info = self._info(run, step, in_step, reason, message, error)
         name = f"step-{step}" + (f"-rank{self._rank.rank}" if self._rank.is_distributed else "")
         run_state = {"state": run.state.state_dict(), "rng": self._rng or capture_rng(),
-                     "loss": self._loss if isinstance(self._loss, torch.Tensor) else None}
+                     "loss": self._loss.detach() if isinstance(self._loss, torch.Tensor)
+                     else None}
         objects = {k: state_of(v) for k, v in run.objects.items()}
         written = write_bundle(capture_folder(run), name, info, self._batch, run_state,
                                objects, int(self.settings.max_bytes))
@@ -257,7 +259,8 @@ def _step_rng() -> dict[str, Any]:
 def _scalar(value: Any) -> float | str:
     """A loss as a number, or 'nan' / 'inf' (JSON has neither)."""
     try:
-        number = float(value.float().mean()) if isinstance(value, torch.Tensor) else float(value)
+        number = (float(value.detach().float().mean()) if isinstance(value, torch.Tensor)
+                  else float(value))
     except (TypeError, ValueError):
         return str(value)
     return number if math.isfinite(number) else str(number)

@@ -79,10 +79,10 @@ class ActivationProbe:
             self._alive = {}
 
     def take(self) -> list[tuple[int, dict[str, Any], dict[str, str]]]:
-        """Closed samples: ``(step, {name: fraction inactive, a 0-d tensor}, {name: kind})``."""
+        """Closed samples: ``(step, {name: which units fired, a bool tensor}, {name: kind})``
+        (the share that never fired is worked out on the host: no device ops for it)."""
         done, self._done = self._done, []
-        return [(step, {k: 1 - v.float().mean() for k, v in alive.items()}, kinds)
-                for step, alive, kinds in done]
+        return done
 
     def _hook(self, name: str, kind: str) -> Any:
         def hook(module: Any, _inputs: Any, output: Any) -> None:

@@ -134,6 +134,8 @@ class Window:
     amp: bool = False
     _finite: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
                                                     compare=False)
+    _measured: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
+                                                      compare=False)
 
     def present(self) -> frozenset[str]:
         """The parts holding anything: ``steps``, ``layers``, ``activations``, ``memory``,
@@ -145,18 +147,31 @@ class Window:
 
     def all_finite(self) -> bool:
         """No loss or gradient norm is NaN or infinite: the usual case, checked in one pass."""
-        total = sum(v for v in self.loss if v is not None)
-        return math.isfinite(total + sum(g for g in self.grad_norm if g is not None))
+        return math.isfinite(self._loss_sum() + sum(g for _, g in self.grad_norms()))
 
     def finite_losses(self) -> list[tuple[int, float]]:
         """``(step, loss)`` for the finite losses (computed once per window, shared by rules)."""
         if self._finite is None:
-            self._finite = [(s, v) for s, v in zip(self.steps, self.loss)
-                            if v is not None and math.isfinite(v)]
+            if math.isfinite(self._loss_sum()) and None not in self.loss:
+                self._finite = list(zip(self.steps, self.loss))  # type: ignore[arg-type]
+            else:
+                self._finite = [(s, v) for s, v in zip(self.steps, self.loss)
+                                if v is not None and math.isfinite(v)]
         return self._finite
 
-    def grad_norms(self) -> Iterator[tuple[int, float]]:
-        return ((s, g) for s, g in zip(self.steps, self.grad_norm) if g is not None)
+    def grad_norms(self) -> list[tuple[int, float]]:
+        """``(step, norm)`` for the steps whose norm was measured (once per window)."""
+        if self._measured is None:
+            self._measured = [(s, g) for s, g in zip(self.steps, self.grad_norm) if g is not None]
+        return self._measured
+
+    def _loss_sum(self) -> float:
+        """The sum of the losses: not finite when one of them is not (C speed: the rules run
+        on the training thread)."""
+        try:
+            return sum(self.loss)  # type: ignore[arg-type]
+        except TypeError:  # steps without a loss
+            return sum(v for v in self.loss if v is not None)
 
     def in_schedule_tail(self, min_lr_fraction: float) -> bool:
         """True when the learning rate is below ``min_lr_fraction`` of its peak so far."""

@@ -9,6 +9,7 @@ webhook) and its actions run. The ``stalled`` rule is judged by a watchdog threa
 from __future__ import annotations
 
 import math
+import operator
 import os
 import signal
 import socket
@@ -63,6 +64,7 @@ class Monitor(Component):
         self._wake_installed = False
         self._interrupting = False
         self._num_logs = 0
+        self._loss_key = self.settings.loss_key
 
     # events -------------------------------------------------------------------------------
     def on_start(self, run: Run) -> None:
@@ -78,10 +80,12 @@ class Monitor(Component):
         self.stats.attach(objects)
 
     def on_after_backward(self, run: Run, loss: Any) -> None:
-        self.stats.after_backward(run.state.step + 1)
+        step = run.state.step + 1
+        if step >= self.stats.backward_due:  # the hot path: most steps have nothing to measure
+            self.stats.after_backward(step)
 
     def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
-        if self.stats.step_end(run.state.step, metrics.get(self.settings.loss_key)):
+        if self.stats.step_end(run.state.step, run.host_scalar(metrics.get(self._loss_key))):
             started = time.perf_counter()
             self.check(run)
             self.stats.check_took(time.perf_counter() - started)
@@ -176,7 +180,7 @@ class Monitor(Component):
 
     def _count_train_loss(self, window: Window) -> None:
         losses = window.finite_losses()
-        self._train_loss[0] += sum(loss for _, loss in losses)
+        self._train_loss[0] += sum(map(operator.itemgetter(1), losses))
         self._train_loss[1] += len(losses)
 
     def _mean_train_loss(self) -> float | None:

@@ -109,7 +109,7 @@ class MonitorSettings(BaseModel):
     max_check_every_steps: int | None = Field(None, ge=1, description="When a check would take "
                                               "more than overhead_budget of the step time (tiny "
                                               "models, fast steps), checks come rarer, up to every "
-                                              "this many steps (default 5 x check_every_steps).")
+                                              "this many steps (default 10 x check_every_steps).")
     sample_every_steps: int = Field(100, ge=1, description="Per-layer gradient norms, update "
                                     "ratios, activation statistics and memory, every this many "
                                     "steps.")
@@ -117,9 +117,12 @@ class MonitorSettings(BaseModel):
         "auto", description="Global gradient norm every this many steps; auto: every step "
         "unless that costs more than overhead_budget of the step time, then as often as the "
         "budget allows (on a CPU a norm costs tens of microseconds).")
-    overhead_budget: float = Field(0.005, gt=0, le=1, description="The share of step time the "
+    overhead_budget: float = Field(0.002, gt=0, le=1, description="The share of step time the "
                                    "gradient norm may take when grad_norm_every_steps is auto, "
-                                   "and, apart, the share the rule checks may take.")
+                                   "and, apart, the share the rule checks may take. More would "
+                                   "make them rarer (tiny models, millisecond steps), within "
+                                   "their maximum intervals; on steps of tens of ms neither is "
+                                   "stretched.")
     plugins: list[str] = Field(default_factory=list, description="Modules imported before the "
                                "rules are validated, to register your own rules (so `prudent "
                                "run` knows them too).")
@@ -131,7 +134,7 @@ class MonitorSettings(BaseModel):
     @model_validator(mode="after")
     def _check_interval_range(self) -> MonitorSettings:
         if self.max_check_every_steps is None:
-            self.max_check_every_steps = 5 * self.check_every_steps
+            self.max_check_every_steps = 10 * self.check_every_steps
         elif self.max_check_every_steps < self.check_every_steps:
             raise ValueError(f"max_check_every_steps={self.max_check_every_steps} is below "
                              f"check_every_steps={self.check_every_steps}: make it at least that")

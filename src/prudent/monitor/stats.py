@@ -11,9 +11,8 @@ the rules plain floats.
 
 from __future__ import annotations
 
-import functools
 import math
-import statistics
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,8 +25,9 @@ from prudent.monitor.settings import MonitorSettings
 __all__ = ["StepStats"]
 
 _SAMPLED_ELEMENTS = 4096  # per weight tensor, for the update ratio
-_MAX_NORM_STRIDE = 16  # auto never measures the gradient norm less often than this
+_MAX_NORM_STRIDE = 32  # auto never measures the gradient norm less often than this
 _BURST_JUMP = 3.0  # a norm this many times the previous one starts measuring every step
+_LOSS_JUMP = 4.0  # a host loss this many times the last window's mean: measure the next norm
 
 
 @dataclass
@@ -41,8 +41,16 @@ class _Layers:
     grad_norms: Any = None
     views: list[Any] | None = None
     before: list[Any] | None = None
-    update_norms: Any = None
-    weight_norms: Any = None
+    update_and_weight_norms: Any = None  # ||after - before|| of each tensor, then ||before||
+
+
+@dataclass(frozen=True)
+class _Layout:
+    key: tuple[tuple[int, ...], tuple[int, ...]]  # which parameters, and where their data is
+    names: list[str]
+    numels: list[int]
+    matrix: list[bool]
+    views: list[Any]
 
 
 class StepStats:
@@ -53,8 +61,13 @@ class StepStats:
         self.max_check_every = settings.max_check_every_steps
         self.check_every = settings.check_every_steps  # stretched when checks are dear
         self.sample_every = settings.sample_every_steps
+        self._next_sample = self.sample_every
         self.auto_stride = settings.grad_norm_every_steps == "auto"
         self.norm_every = 1 if self.auto_stride else int(settings.grad_norm_every_steps)
+        self._next_norm = self.norm_every
+        # the hot path compares one number per event: the first step with work to do
+        self.backward_due = min(self._next_sample, self._next_norm)
+        self._step_end_due = self._next_sample - 1  # arm the activation hooks
         self.budget = settings.overhead_budget
         self.clock = clock
         self.activations = ActivationProbe()
@@ -68,11 +81,14 @@ class StepStats:
         self._window_start = clock()
         self._burst = 0
         self._last_norm = 0.0
+        self._loss_jump_at = math.inf  # set from each window's losses
         self._step_s: float | None = None  # the last window's mean step time
+        self._layout_cache: _Layout | None = None
 
     def _clear(self) -> None:
         self._steps: list[int] = []
-        self._loss: list[Any] = []
+        self._loss: list[Any] = []  # floats or None; device tensors when _device_losses
+        self._device_losses = False
         # step -> global norm (read at once on the CPU), or (norm of each gradient, AMP scale)
         self._norms: dict[int, float | tuple[Any, Any]] = {}
         self._layers: list[_Layers] = []
@@ -105,19 +121,25 @@ class StepStats:
 
     # the loop's events ---------------------------------------------------------------------
     def after_backward(self, step: int) -> None:
-        if step % self.sample_every == 0:
-            self._sample_layers(step)
-        elif self._burst > 0 or step % self.norm_every == 0:
-            self._burst = max(0, self._burst - 1)
+        """Between backward and the optimizer step: the gradient norms, when due."""
+        if step < self.backward_due:
+            return
+        self._burst = max(0, self._burst - 1)
+        if step >= self._next_sample:
+            self._sample_layers(step)  # the norms too
+        else:
             started = self.clock()
             norms, scale = self._tensor_norms()
-            if norms is not None:
+            if norms:
                 # on the CPU a tensor's value is plain memory: reading it now costs no wait
-                if norms.is_cpu:
-                    self._norms[step] = self._watch(_global_norm(norms, scale))
+                if norms[0].is_cpu:
+                    self._norms[step] = self._watch(_global_norm([n.item() for n in norms],
+                                                                 scale))
                 else:
-                    self._norms[step] = (norms, scale)
+                    self._norms[step] = (_stack(norms), scale)
             self._norm_costs.append(self.clock() - started)
+        self._next_norm = step + (1 if self._burst else self.norm_every)
+        self.backward_due = min(self._next_sample, self._next_norm)
 
     def _watch(self, norm: float) -> float:
         """A norm far above the previous one (or not finite): measure every step for a while,
@@ -131,50 +153,90 @@ class StepStats:
         """Record the step; True when a window is due."""
         self._steps.append(step)
         if hasattr(loss, "is_cpu"):  # a tensor: read now on the CPU, later from a device
-            loss = loss.item() if loss.is_cpu else loss.detach()
+            if loss.is_cpu:
+                loss = loss.item()
+            else:
+                loss = loss.detach()
+                self._device_losses = True
+        elif loss is not None and loss.__class__ is not float:
+            loss = _number(loss)  # an int, a NumPy number
         self._loss.append(loss)
-        if isinstance(loss, float) and not math.isfinite(loss):
-            return True  # a value already on the host: judge it now, not a window later
-        if step % self.sample_every == 0:
+        if loss.__class__ is float:
+            if not math.isfinite(loss):
+                return True  # a value already on the host: judge it now, not a window later
+            if loss > self._loss_jump_at:
+                self._look_closer(step)
+        if step >= self._step_end_due:
+            self._sample_step_end(step)
+        # while a jump in the gradient norm is being followed, the rules look every
+        # check_every_steps however rare checks have become (an explosion takes a few dozen steps)
+        return len(self._steps) >= (self.min_check_every if self._burst else self.check_every)
+
+    def _look_closer(self, step: int) -> None:
+        """A loss far above the last window's mean: measure the next step's gradient norm
+        whatever the stride (an explosion grows the loss 10x a step for a few dozen steps
+        before it overflows; a sparse stride would see none of it). A jump in the norm then
+        starts a burst (see :meth:`_watch`); a noisy batch costs one extra norm."""
+        self._next_norm = min(self._next_norm, step + 1)
+        self.backward_due = min(self._next_sample, self._next_norm)
+
+    def _sample_step_end(self, step: int) -> None:
+        """Finish a layer sample, and keep the activation hooks on for exactly the steps
+        their sample needs."""
+        if step >= self._next_sample:
             self._finish_layers(step)
             self._memory.append(_memory_sample(step))
+            self._next_sample = step + self.sample_every
+            self.backward_due = min(self._next_sample, self._next_norm)
         if self.activations.armed:
             self.activations.step_done()
-        elif (step + 1) % self.sample_every == 0:
+        elif step + 1 == self._next_sample:
             self.activations.arm(step + 1)  # hooks for the next step's forward pass only
-        return len(self._steps) >= self.check_every
+        self._step_end_due = step + 1 if self.activations.armed else self._next_sample - 1
 
     # device-side statistics ----------------------------------------------------------------
     def _tensor_norms(self) -> tuple[Any, Any]:
-        """The per-step path: every gradient's norm from one fused call, and the AMP scale."""
+        """The per-step path: every gradient's norm (0-d tensors on the first gradient's
+        device) from one fused call, and the AMP scale."""
         import torch
 
-        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = [g for p in self.params if (g := p.grad) is not None]
         if not grads:
-            return None, None
+            return [], None
         try:
-            norms = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32))
+            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
         except RuntimeError:  # sparse gradients, or parameters on several devices
             device = grads[0].device
-            norms = torch.stack([torch.linalg.vector_norm(
-                g.coalesce().values() if g.is_sparse else g, dtype=torch.float32).to(device)
-                for g in grads])
+            norms = [torch.linalg.vector_norm(g.coalesce().values() if g.is_sparse else g,
+                                              dtype=torch.float32).to(device) for g in grads]
         scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
         return norms, (scale.clone() if scale is not None else None)  # update() changes it
 
     def _sample_layers(self, step: int) -> None:
-
-        index = [i for i, p in enumerate(self.params) if p.grad is not None]
-        norms, scale = self._tensor_norms()
-        if norms is None:
+        listed, scale = self._tensor_norms()
+        if not listed:
             return
+        norms = _stack(listed)
         self._norms[step] = (norms, scale)
-        params = [self.params[i] for i in index]
-        views = [_sampled_view(p) for p in params]
+        layout = self._layout()
         self._layers.append(_Layers(
-            step, [self.names[i] for i in index], [p.numel() for p in params],
-            [p.dim() >= 2 for p in params], norms if scale is None else norms / scale,
-            views, [v.clone() for v in views]))
+            step, layout.names, layout.numels, layout.matrix,
+            norms if scale is None else norms / scale,
+            layout.views, [v.clone() for v in layout.views]))
+
+    def _layout(self) -> _Layout:
+        """Names, sizes and sampled views of the parameters that have gradients, kept from one
+        sample to the next while every parameter keeps its storage (an optimizer updates in
+        place; ``model.to()`` or ``p.data = ...`` gives a new one, and a new layout)."""
+        with_grad = tuple(i for i, p in enumerate(self.params) if p.grad is not None)
+        key = (with_grad, tuple(self.params[i].data_ptr() for i in with_grad))
+        if self._layout_cache is None or self._layout_cache.key != key:
+            params = [self.params[i] for i in with_grad]
+            self._layout_cache = _Layout(key, [self.names[i] for i in with_grad],
+                                         [p.numel() for p in params],
+                                         [p.dim() >= 2 for p in params],
+                                         [_sampled_view(p) for p in params])
+        return self._layout_cache
 
     def _finish_layers(self, step: int) -> None:
         import torch
@@ -183,8 +245,8 @@ class StepStats:
             return
         sample = self._layers[-1]
         delta = torch._foreach_sub(sample.views, sample.before)  # type: ignore[arg-type]
-        sample.update_norms = _stacked_norms(delta, sample.grad_norms.device)
-        sample.weight_norms = _stacked_norms(sample.before, sample.grad_norms.device)
+        sample.update_and_weight_norms = _stacked_norms([*delta, *sample.before],
+                                                        sample.grad_norms.device)
         sample.views = sample.before = None
 
     # to the host ---------------------------------------------------------------------------
@@ -194,33 +256,45 @@ class StepStats:
 
         steps, losses, norms, layers = self._steps, self._loss, self._norms, self._layers
         activations = self.activations.take()
-        tensors = [v for v in losses if isinstance(v, torch.Tensor)]
+        tensors = [v for v in losses if isinstance(v, torch.Tensor)] if self._device_losses else []
         on_device = [(step, n) for step, n in norms.items() if isinstance(n, tuple)]
         for _, (per_tensor, scale) in on_device:
             tensors.append(per_tensor)
             if scale is not None:
                 tensors.append(scale)
         for sample in layers:
-            tensors += [t for t in (sample.grad_norms, sample.update_norms, sample.weight_norms)
+            tensors += [t for t in (sample.grad_norms, sample.update_and_weight_norms)
                         if t is not None]
-        for _, fractions, _ in activations:
-            tensors += fractions.values()
+        for _, alive, _ in activations:
+            tensors += alive.values()
         host = iter(_to_host(tensors))
-        loss = [_single(next(host)) if isinstance(v, torch.Tensor) else _number(v) for v in losses]
+        loss = [_single(next(host)) if isinstance(v, torch.Tensor) else v
+                for v in losses] if self._device_losses else losses
         window = Window(steps=steps, loss=loss, memory=self._memory, amp=self.scaler is not None)
         if norms:
             for step, (_, scale) in on_device:
                 norms[step] = _global_norm(next(host), next(host)[0] if scale is not None else None)
             window.grad_norm = [norms.get(step) for step in steps]  # type: ignore[misc]
+            window._measured = list(norms.items())  # type: ignore[arg-type]  # in step order
         else:
             window.grad_norm = [None] * len(steps)
         window.layers = [_layer_sample(sample, host) for sample in layers]
-        window.activations = [ActivationSample(step, {k: next(host)[0] for k in fractions}, kinds)
-                              for step, fractions, kinds in activations]
+        window.activations = [ActivationSample(step, {k: _share_off(next(host)) for k in alive},
+                                               kinds) for step, alive, kinds in activations]
         self._learning_rate(window)
         self._adapt_stride(len(steps))
+        self._set_loss_jump(loss)
         self._clear()
         return window
+
+    def _set_loss_jump(self, losses: list[float | None]) -> None:
+        """The loss above which a step is looked at closer: _LOSS_JUMP x this window's mean
+        (positive losses only: a log-likelihood can be negative)."""
+        try:
+            mean = sum(losses) / len(losses)  # type: ignore[arg-type]
+        except (TypeError, ZeroDivisionError):  # no loss passed, or not on every step
+            return
+        self._loss_jump_at = _LOSS_JUMP * mean if mean > 0 and math.isfinite(mean) else math.inf
 
     def _learning_rate(self, window: Window) -> None:
         if not self.optimizers or not self.optimizers[0].param_groups:
@@ -237,7 +311,7 @@ class StepStats:
         the interval."""
         if not self._step_s:
             return
-        wanted = math.ceil(cost_s / (self.budget * self._step_s) - 1e-9)
+        wanted = _steps_to_spread(cost_s, self.budget, self._step_s)
         self.check_every = max(self.min_check_every, min(self.max_check_every, wanted))
 
     def _adapt_stride(self, num_steps: int) -> None:
@@ -249,10 +323,23 @@ class StepStats:
             self._step_s = elapsed / num_steps
         if not self.auto_stride or not costs or not num_steps:
             return
-        cost = statistics.median(costs)  # one preempted measurement does not count
+        cost = sorted(costs)[len(costs) // 2]  # one preempted measurement does not count
         step_s = elapsed / num_steps
-        wanted = math.ceil(cost / (self.budget * step_s)) if step_s > 0 else 1
+        wanted = _steps_to_spread(cost, self.budget, step_s)
         self.norm_every = max(1, min(_MAX_NORM_STRIDE, wanted))
+
+
+def _steps_to_spread(cost_s: float, budget: float, step_s: float) -> int:
+    """Over how many steps a job costing ``cost_s`` must be spread to take ``budget`` of them."""
+    if step_s <= 0:
+        return 1
+    return math.ceil(cost_s / (budget * step_s) * (1 - 1e-9))  # 30.000000000000004 is 30
+
+
+def _stack(norms: list[Any]) -> Any:
+    import torch
+
+    return torch.stack(norms)
 
 
 def _stacked_norms(tensors: list[Any], device: Any) -> Any:
@@ -330,30 +417,65 @@ def _global_norm(norms: Any, scale: Any) -> float:
     return total
 
 
+def _share_off(alive: list[float]) -> float:
+    """The share of units that never fired (or stayed saturated), from their alive mask."""
+    return 1.0 - sum(alive) / len(alive) if alive else float("nan")
+
+
 def _layer_sample(sample: _Layers, host: Iterator[list[float]]) -> LayerSample:
     grad = next(host) if sample.grad_norms is not None else []
     rms = {name: norm / math.sqrt(max(1, numel)) for name, numel, matrix, norm
            in zip(sample.names, sample.numels, sample.matrix, grad) if matrix}
-    if sample.update_norms is None:
+    if sample.update_and_weight_norms is None:
         return LayerSample(sample.step, rms)
-    update, weight = next(host), next(host)
+    both = next(host)
+    update, weight = both[:len(both) // 2], both[len(both) // 2:]
     total_weight = math.sqrt(math.fsum(w * w for w in weight))
     ratio = math.sqrt(math.fsum(u * u for u in update)) / total_weight if total_weight > 0 else None
     per_layer = {name: u / w for name, u, w in zip(sample.names, update, weight) if w > 0}
     return LayerSample(sample.step, rms, ratio, per_layer)
 
 
-@functools.lru_cache(maxsize=1)
-def _this_process() -> Any:
-    import psutil
+class _ResidentMemory:
+    """This process's resident memory, cheaply: on Linux one ``pread`` of
+    ``/proc/self/statm`` on a descriptor kept open (~5 us inside a training loop, where
+    psutil's open-read-parse takes ~150 us); psutil elsewhere. Reopened after a fork, since
+    the descriptor names the process that opened it."""
 
-    return psutil.Process()
+    def __init__(self) -> None:
+        self._pid = -1
+        self._fd: int | None = None
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def __call__(self) -> int:
+        if self._pid != os.getpid():
+            self._reopen()
+        if self._fd is not None:
+            try:
+                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+            except (OSError, IndexError, ValueError):
+                self._fd = None  # fall back to psutil from now on
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+
+    def _reopen(self) -> None:
+        self._pid = os.getpid()
+        self._fd = None
+        if hasattr(os, "pread"):
+            try:
+                self._fd = os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except OSError:
+                pass
+
+
+_resident_bytes = _ResidentMemory()
 
 
 def _memory_sample(step: int) -> MemorySample:
     import torch
 
     device = None
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # not available -> not initialised; and the cheaper test
         device = int(torch.cuda.memory_allocated())
-    return MemorySample(step, int(_this_process().memory_info().rss), device)
+    return MemorySample(step, _resident_bytes(), device)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import bisect
 import math
-import statistics
 from collections import deque
+from typing import Any
 
 from pydantic import Field
 
@@ -49,7 +50,7 @@ class NonFiniteRule(Rule):
         if window.all_finite():  # the fast path, nearly every window
             finite = window.finite_losses()
             self.last_finite = finite[-1][1] if finite else self.last_finite
-            if any(g is not None for g in window.grad_norm):
+            if window.grad_norms():
                 self.overflows = 0
             return None
         for step, loss, norm in zip(window.steps, window.loss, window.grad_norm):
@@ -108,10 +109,11 @@ class ExplodingGradientRule(Rule):
         super().__init__(settings)
         self.history: deque[float] = deque(maxlen=self.settings.window)
         self.above = 0
+        self._ordered: list[float] = []  # history, sorted: a median without sorting each check
 
     def check(self, window: Window) -> Finding | None:
         # the baseline is fixed per window: one median per check, not one per step
-        baseline = statistics.median(self.history) if len(self.history) >= 5 else None
+        baseline = _median(self._ordered) if len(self._ordered) >= 5 else None
         for step, norm in window.grad_norms():
             if not math.isfinite(norm):
                 continue
@@ -119,8 +121,22 @@ class ExplodingGradientRule(Rule):
             if finding is not None:
                 self.reset()
                 return finding
-            self.history.append(norm)
+            self._remember(norm)
         return None
+
+    def _remember(self, norm: float) -> None:
+        if len(self.history) == self.history.maxlen:
+            del self._ordered[bisect.bisect_left(self._ordered, self.history[0])]
+        self.history.append(norm)
+        bisect.insort(self._ordered, norm)
+
+    def reset(self) -> None:
+        super().reset()
+        self._ordered = []
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._ordered = sorted(self.history)
 
     def _judge(self, step: int, norm: float, baseline: float | None) -> Finding | None:
         s = self.settings
@@ -139,6 +155,11 @@ class ExplodingGradientRule(Rule):
             f"gradient norm {fmt(norm)} at step {step} is {norm / baseline:.3g}x its median "
             f"{fmt(baseline)} over the last {len(self.history)} measured steps, "
             f"{self.above} measured steps in a row (threshold {s.factor:g}x)"))
+
+
+def _median(ordered: list[float]) -> float:
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 class VanishingGradientSettings(RuleSettings):

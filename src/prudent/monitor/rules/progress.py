@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from typing import Literal
 
@@ -53,14 +54,18 @@ class LossNotDecreasingRule(Rule):
 
     def check(self, window: Window) -> Finding | None:
         tail = window.in_schedule_tail(self.settings.min_lr_fraction)
+        losses = window.finite_losses()
         warmup = self.settings.warmup_steps
-        for step, loss in window.finite_losses():
-            if step <= warmup:
-                continue
-            self.block_sum += loss
-            self.block_count += 1
+        start = 0
+        if losses and losses[0][0] <= warmup:
+            start = next((i for i, (step, _) in enumerate(losses) if step > warmup), len(losses))
+        while start < len(losses):  # a block's worth at a time: sums at C speed
+            chunk = losses[start:start + self.settings.window - self.block_count]
+            self.block_sum = sum(map(_second, chunk), self.block_sum)
+            self.block_count += len(chunk)
+            start += len(chunk)
             if self.block_count == self.settings.window:
-                finding = self._close_block(step, tail)
+                finding = self._close_block(chunk[-1][0], tail)
                 if finding is not None:
                     self.reset()
                     return finding
@@ -116,7 +121,7 @@ class DivergenceRule(Rule):
         finite_losses = window.finite_losses()
         if not finite_losses:
             return None
-        self.recent.extend(loss for _, loss in finite_losses)
+        self.recent.extend(map(_second, finite_losses))
         last = finite_losses[-1][0]
         if len(self.recent) < self.settings.window:
             return None
@@ -142,6 +147,9 @@ class DivergenceRule(Rule):
             f"loss diverged: {fmt(smoothed)} at step {step} (mean of the middle half of the last "
             f"{s.window} steps), up from its best {fmt(self.best)} at step {self.best_step}; it "
             f"started at {fmt(self.start)} (threshold {fmt(self.best + allowed)})"))
+
+
+_second = operator.itemgetter(1)
 
 
 def _interquartile_mean(values: deque[float]) -> float:

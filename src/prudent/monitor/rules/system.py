@@ -28,7 +28,7 @@ class MemoryGrowthSettings(RuleSettings):
     action: list[ActionName] = action_default("alert")
     warmup_steps: int = warmup_default(100)
     window: int = Field(10, ge=3, description="Memory samples compared (one every "
-                        "monitor.sample_every_steps, so 500 steps by default).")
+                        "monitor.sample_every_steps, so 1000 steps by default).")
     min_growth_mb: float = Field(64.0, gt=0, description="Fire when host RSS or device memory "
                                  "grew by at least this many MB across the window...")
     steady_fraction: float = Field(0.8, gt=0, le=1, description="...and rose between at least "
