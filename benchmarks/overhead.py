@@ -12,13 +12,17 @@ epoch of ``--steps`` batches:
 * ``lightning`` a ``LightningModule`` with the same model and optimizer, fitted by a ``Trainer``
   with logging, checkpointing, progress bar and model summary off.
 
-The step takes about 2 ms on one CPU thread (``--threads 1``, the default), where a framework's
+The step takes 1-2 ms on one CPU thread (``--threads 1``, the default), where a framework's
 per-step cost shows most. Repetitions are paired and interleaved in one process: after one
 warm-up run of each variant, every repetition runs each variant once, in an order rotated
 each time. The figure is the training loop's wall time divided by its steps; setup
 (``prudent.init`` to the end of ``with run:``, or ``Trainer()`` and the rest of ``fit``) is
 reported separately. Other processes busy on the machine make a few percent unmeasurable: the
 report says how many cores they kept busy.
+
+Two finer measures follow the table: each default component's own time in its handlers,
+timed call by call (``handler_cost.py``), and what the monitor's default rules add to the step,
+switched on and off every 100 steps inside one long run (``monitor_ab.py``).
 
 Reproduce::
 
@@ -412,10 +416,18 @@ def _short(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def monitor_ab(runs: int, steps: int, block: int) -> dict[str, Any]:
+    """``monitor_ab.py``'s measure and verdict (imported here: that module imports this one)."""
+    from monitor_ab import run_all, verdict
+
+    result = run_all(runs=runs, steps=steps, block=block)
+    return {**result, "verdict": verdict(result)}
+
+
 def write_json(path: Path, args: argparse.Namespace, info: dict[str, Any],
                summary: dict[str, dict[str, Any]], results: dict[str, list[Timing]],
                orders: list[list[str]], settings: dict[str, Any],
-               costs: list[dict[str, Any]]) -> None:
+               costs: list[dict[str, Any]], monitor: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": "overhead", "verdict": verdict(summary), "machine": info,
@@ -424,6 +436,7 @@ def write_json(path: Path, args: argparse.Namespace, info: dict[str, Any],
                      "epochs_per_run": 1, "reps": args.reps, "warmup_runs": 1},
         "prudent_settings": settings, "summary": summary, "orders": orders,
         "handler_costs": costs, "handler_verdicts": cost_verdicts(costs),
+        "monitor_ab": monitor,
         "raw": {name: [{**asdict(t), "ms_per_step": t.ms_per_step, "setup_ms": t.setup_ms}
                        for t in timings] for name, timings in results.items()},
     }
@@ -466,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             with other_load() as load:
                 results, orders = measure(variants, args.reps, args.steps)
             costs_us = component_costs_us(training_parts(make_data(args.steps)), args.reps)
+            monitor = monitor_ab(runs=3, steps=6000, block=100)
     if torch.get_num_threads() != args.threads:
         raise RuntimeError(f"a variant changed torch's threads to {torch.get_num_threads()}")
     print(f"(prudent's console wrote {len(console_lines.getvalue().splitlines())} lines, "
@@ -476,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     print_report(summary, info, args.reps, args.steps)
     costs = cost_rows(costs_us, summary["bare"]["median_step_ms"])
     print_costs(costs, summary["bare"]["median_step_ms"])
-    write_json(args.json, args, info, summary, results, orders, settings, costs)
+    print(monitor["verdict"])
+    write_json(args.json, args, info, summary, results, orders, settings, costs, monitor)
     print(f"wrote {args.json}")
     return 0
 

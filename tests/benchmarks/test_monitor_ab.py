@@ -1,0 +1,40 @@
+"""The monitor A/B benchmark's switch: both arms really differ by the monitor, and only by it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import prudent
+from prudent.events import Event
+from prudent.monitor import Monitor
+
+ab = pytest.importorskip("benchmarks.monitor_ab")
+
+
+def test_switching_off_removes_the_monitors_handlers_and_hooks_and_on_restores_them(
+        tmp_path: Path) -> None:
+    with ab.prudent_environment(str(tmp_path / "home")):
+        model, opt, _ = ab.training_parts(ab.learnable_data(2))()
+        run = prudent.init(name="switch", exit_on_stop=False)
+        monitor = next(c for c in run.components if isinstance(c, Monitor))
+        run.attach(model=model, optimizer=opt)
+        switch = ab._Switch(run, monitor)
+        full = list(run._step_end)
+        monitor.stats.activations.arm(1)  # a sample about to be taken
+        switch.set(False)
+        assert monitor.on_step_end not in run._step_end  # the run's own (aliased) list
+        assert monitor.on_after_backward not in run._handlers[Event.AFTER_BACKWARD]
+        assert len(run._step_end) == len(full) - 1
+        assert not monitor.stats.activations.armed  # no hooks left to slow the off arm
+        switch.set(True)
+        assert run._step_end == full  # back, in the same order
+        run._finish("completed", None)
+
+
+def test_one_run_alternates_blocks_and_pairs_neighbours(tmp_path: Path) -> None:
+    with ab.prudent_environment(str(tmp_path / "home")):
+        on, off, pairs = ab.one_run(ab.training_parts(ab.learnable_data(80)), 20, True)
+    assert len(on) == len(off) == 40 and len(pairs) == 2
+    assert all(a > 0 and b > 0 for a, b in pairs)
