@@ -123,7 +123,9 @@ def test_host_scalar_reads_a_cpu_loss_once_for_every_component_that_asks(
     with torch.no_grad():
         loss.fill_(7.0)  # the same tensor: the number read at its first ask is reused
     assert run.host_scalar(loss) == 2.5
-    assert run.host_scalar(torch.tensor(1.0)) == 1.0  # a new tensor is read
+    accuracy = torch.tensor(1.0)
+    assert run.host_scalar(accuracy) == 1.0  # a new tensor is read...
+    assert run.host_scalar(loss) == 2.5  # ...and the loss still remembered
     batch = torch.ones(3)
     assert run.host_scalar(batch) is batch and run.host_scalar(0.5) == 0.5
     run._finish("completed", None)
@@ -193,16 +195,18 @@ def test_epochs_start_at_restored_epoch(settings: ProjectSettings) -> None:
         assert list(run.epochs(4)) == [2, 3]
 
 
-def test_step_keeps_tensors_detached_and_converts_them_later(settings: ProjectSettings) -> None:
+def test_step_keeps_no_graph_alive_and_converts_tensors_later(settings: ProjectSettings) -> None:
     recorder = MetricsRecorder(every_steps=1000, every_s=1000)
     run = prudent.init(name="lazy", settings=settings, exit_on_stop=False, components=[recorder])
     weight = torch.ones(3, requires_grad=True)
     with run:
         loss = (weight * 2).sum()
-        run.step(loss=loss, lr=0.1)
+        scale = (weight[:1] * 3)  # one number, but not a 0-d tensor: left to the writer
+        run.step(loss=loss, scale=scale, lr=0.1)
         pending = recorder._pending[0][2]
-        assert isinstance(pending["loss"], torch.Tensor) and not pending["loss"].requires_grad
-    assert run.latest["loss"] == 6.0  # converted at the end, by the writer
+        assert pending["loss"] == 6.0  # a CPU scalar: read at once, for free
+        assert isinstance(pending["scale"], torch.Tensor) and not pending["scale"].requires_grad
+    assert run.latest["loss"] == 6.0 and run.latest["scale"] == 3.0  # the writer converted it
 
 
 def test_log_values_are_floats_and_visible_at_once(settings: ProjectSettings) -> None:

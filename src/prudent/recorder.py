@@ -31,7 +31,7 @@ class MetricsRecorder(Component):
     def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
         if not metrics:
             return
-        self._pending.append((run.state.step, time.time(), _detached(metrics)))
+        self._pending.append((run.state.step, time.time(), _detached(run, metrics)))
         if len(self._pending) >= self.every_steps or time.monotonic() >= self._next_handoff:
             self._handoff(run)
 
@@ -50,6 +50,12 @@ class MetricsRecorder(Component):
         self._next_handoff = time.monotonic() + self.every_s
 
 
-def _detached(metrics: dict[str, Any]) -> dict[str, Any]:
-    # Keeping a tensor attached would keep its autograd graph (and activations) alive.
-    return {k: v.detach() if hasattr(v, "detach") else v for k, v in metrics.items()}
+def _detached(run: Run, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Numbers for the store: a CPU scalar is read now (most likely already read by the
+    monitor or capture: free), a device tensor is detached and read by the writer's thread
+    (keeping it attached would keep its autograd graph, and activations, alive)."""
+    out = {}
+    for name, value in metrics.items():
+        value = run.host_scalar(value)
+        out[name] = value.detach() if hasattr(value, "detach") else value
+    return out

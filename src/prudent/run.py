@@ -33,6 +33,9 @@ ENV_SMOKE = "PRUDENT_SMOKE"
 SMOKE_MAX_EPOCHS = 2
 
 
+_HOST_READS = 4  # tensors whose host value Run.host_scalar remembers
+
+
 class Run:
     """One training run. Build it with :func:`prudent.init`, not directly."""
 
@@ -61,7 +64,7 @@ class Run:
         self._scaler: Any = None
         self._logged: dict[str, float] = {}
         self.gauges: dict[str, float] = {}  # live values a component publishes (cost_usd)
-        self._host_read: tuple[Any, Any] = (None, None)  # the last tensor read, and its number
+        self._host_reads: list[tuple[Any, Any]] = []  # the last tensors read, and their numbers
         self._resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
         self._batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self._components: list[Component] = []
@@ -249,15 +252,16 @@ class Run:
 
     def host_scalar(self, value: Any) -> Any:
         """A 0-d tensor's number when reading it costs no wait (the tensor is on the CPU), read
-        once however many components ask for the same tensor; anything else comes back as is
-        (a tensor on a device stays there: reading it would make the host wait)."""
-        last, number = self._host_read
-        if value is last:
-            return number
-        number = value
-        if hasattr(value, "is_cpu") and value.is_cpu and value.dim() == 0:
-            number = value.item()
-        self._host_read = (value, number)
+        once however many components ask for the same tensor (the last few are remembered: the
+        loss and a metric or two of a step); anything else comes back as is (a tensor on a
+        device stays there: reading it would make the host wait)."""
+        if not hasattr(value, "is_cpu"):
+            return value
+        for tensor, number in self._host_reads:
+            if tensor is value:
+                return number
+        number = value.item() if value.is_cpu and value.dim() == 0 else value
+        self._host_reads = [*self._host_reads[-(_HOST_READS - 1):], (value, number)]
         return number
 
     def capture(self, reason: str = "user", message: str = "",
