@@ -14,8 +14,8 @@ updates) runs beside training, on another core when there is one; rare events (`
 ``epoch_end``, the end) are not per-step costs; the monitor's activation hooks run inside the
 model's forward pass (one step in a hundred). Charged to the component although not its own:
 the wrapper's call and two clock reads, ~0.9 us per handler inside this loop (measured on an
-empty handler), so the figures lean high. The overhead benchmark's A/B pair (with and without
-the monitor) times the monitor the other way, by the wall clock, hooks included.
+empty handler), so the figures lean high. The overhead benchmark's interleaved A/Bs
+(``interleaved_ab.py``) time the same work the other way, by the wall clock, hooks included.
 """
 
 from __future__ import annotations

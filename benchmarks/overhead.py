@@ -21,8 +21,9 @@ reported separately. Other processes busy on the machine make a few percent unme
 report says how many cores they kept busy.
 
 Two finer measures follow the table: each default component's own time in its handlers,
-timed call by call (``handler_cost.py``), and what the monitor's default rules add to the step,
-switched on and off every 100 steps inside one long run (``monitor_ab.py``).
+timed call by call (``handler_cost.py``), and what the monitor alone and all the components
+add to the step, each switched on and off every 100 steps inside one long run
+(``interleaved_ab.py``).
 
 Reproduce::
 
@@ -416,18 +417,18 @@ def _short(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def monitor_ab(runs: int, steps: int, block: int) -> dict[str, Any]:
-    """``monitor_ab.py``'s measure and verdict (imported here: that module imports this one)."""
-    from monitor_ab import run_all, verdict
+def interleaved_ab(which: str, runs: int, steps: int, block: int) -> dict[str, Any]:
+    """``interleaved_ab.py``'s measure and verdict (imported here: that module imports this one)."""
+    from interleaved_ab import run_ab, verdict
 
-    result = run_all(runs=runs, steps=steps, block=block)
+    result = run_ab(which, runs=runs, steps=steps, block=block)
     return {**result, "verdict": verdict(result)}
 
 
 def write_json(path: Path, args: argparse.Namespace, info: dict[str, Any],
                summary: dict[str, dict[str, Any]], results: dict[str, list[Timing]],
                orders: list[list[str]], settings: dict[str, Any],
-               costs: list[dict[str, Any]], monitor: dict[str, Any]) -> None:
+               costs: list[dict[str, Any]], interleaved: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": "overhead", "verdict": verdict(summary), "machine": info,
@@ -436,7 +437,7 @@ def write_json(path: Path, args: argparse.Namespace, info: dict[str, Any],
                      "epochs_per_run": 1, "reps": args.reps, "warmup_runs": 1},
         "prudent_settings": settings, "summary": summary, "orders": orders,
         "handler_costs": costs, "handler_verdicts": cost_verdicts(costs),
-        "monitor_ab": monitor,
+        "interleaved_ab": interleaved,
         "raw": {name: [{**asdict(t), "ms_per_step": t.ms_per_step, "setup_ms": t.setup_ms}
                        for t in timings] for name, timings in results.items()},
     }
@@ -479,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
             with other_load() as load:
                 results, orders = measure(variants, args.reps, args.steps)
             costs_us = component_costs_us(training_parts(make_data(args.steps)), args.reps)
-            monitor = monitor_ab(runs=3, steps=6000, block=100)
+            interleaved = {which: interleaved_ab(which, runs=3, steps=6000, block=100)
+                           for which in ("monitor", "all")}
     if torch.get_num_threads() != args.threads:
         raise RuntimeError(f"a variant changed torch's threads to {torch.get_num_threads()}")
     print(f"(prudent's console wrote {len(console_lines.getvalue().splitlines())} lines, "
@@ -490,8 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     print_report(summary, info, args.reps, args.steps)
     costs = cost_rows(costs_us, summary["bare"]["median_step_ms"])
     print_costs(costs, summary["bare"]["median_step_ms"])
-    print(monitor["verdict"])
-    write_json(args.json, args, info, summary, results, orders, settings, costs, monitor)
+    for result in interleaved.values():
+        print(result["verdict"])
+    write_json(args.json, args, info, summary, results, orders, settings, costs, interleaved)
     print(f"wrote {args.json}")
     return 0
 

@@ -1,4 +1,4 @@
-"""The monitor A/B benchmark's switch: both arms really differ by the monitor, and only by it."""
+"""The interleaved A/B benchmark's switch: the arms differ by the switched components only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import prudent
 from prudent.events import Event
 from prudent.monitor import Monitor
 
-ab = pytest.importorskip("benchmarks.monitor_ab")
+ab = pytest.importorskip("benchmarks.interleaved_ab")
 
 
 def test_switching_off_removes_the_monitors_handlers_and_hooks_and_on_restores_them(
@@ -20,7 +20,7 @@ def test_switching_off_removes_the_monitors_handlers_and_hooks_and_on_restores_t
         run = prudent.init(name="switch", exit_on_stop=False)
         monitor = next(c for c in run.components if isinstance(c, Monitor))
         run.attach(model=model, optimizer=opt)
-        switch = ab._Switch(run, monitor)
+        switch = ab._Switch(run, "monitor")
         full = list(run._step_end)
         monitor.stats.activations.arm(1)  # a sample about to be taken
         switch.set(False)
@@ -33,8 +33,20 @@ def test_switching_off_removes_the_monitors_handlers_and_hooks_and_on_restores_t
         run._finish("completed", None)
 
 
-def test_one_run_alternates_blocks_and_pairs_neighbours(tmp_path: Path) -> None:
+def test_switching_all_off_leaves_only_the_kernel(tmp_path: Path) -> None:
     with ab.prudent_environment(str(tmp_path / "home")):
-        on, off, pairs = ab.one_run(ab.training_parts(ab.learnable_data(80)), 20, True)
+        run = prudent.init(name="switch-all", exit_on_stop=False)
+        switch = ab._Switch(run, "all")
+        switch.set(False)
+        assert all(not run._handlers[event] for event in ab.PER_STEP_EVENTS)
+        switch.set(True)
+        assert {type(h.__self__).__name__ for h in run._step_end} >= {"Monitor", "Checkpointer"}
+        run._finish("completed", None)
+
+
+@pytest.mark.parametrize("which", ["monitor", "all"])
+def test_one_run_alternates_blocks_and_pairs_neighbours(tmp_path: Path, which: str) -> None:
+    with ab.prudent_environment(str(tmp_path / "home")):
+        on, off, pairs = ab.one_run(ab.training_parts(ab.learnable_data(80)), 20, True, which)
     assert len(on) == len(off) == 40 and len(pairs) == 2
     assert all(a > 0 and b > 0 for a, b in pairs)
