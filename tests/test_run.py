@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +130,10 @@ def test_host_scalar_reads_a_cpu_loss_once_for_every_component_that_asks(
     assert run.host_scalar(loss) == 2.5  # ...and the loss still remembered
     batch = torch.ones(3)
     assert run.host_scalar(batch) is batch and run.host_scalar(0.5) == 0.5
+    remembered = weakref.ref(loss)
+    del loss
+    gc.collect()
+    assert remembered() is None  # remembering its number does not keep a loss (and graph) alive
     run._finish("completed", None)
 
 

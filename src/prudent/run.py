@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 import traceback
+import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -64,7 +65,8 @@ class Run:
         self._scaler: Any = None
         self._logged: dict[str, float] = {}
         self.gauges: dict[str, float] = {}  # live values a component publishes (cost_usd)
-        self._host_reads: list[tuple[Any, Any]] = []  # the last tensors read, and their numbers
+        # the last tensors read (weakly: a loss must not keep its graph alive) and their numbers
+        self._host_reads: list[tuple[weakref.ref[Any], Any]] = []
         self._resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
         self._batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self._components: list[Component] = []
@@ -258,10 +260,12 @@ class Run:
         if not hasattr(value, "is_cpu"):
             return value
         for tensor, number in self._host_reads:
-            if tensor is value:
+            if tensor() is value:
                 return number
-        number = value.item() if value.is_cpu and value.dim() == 0 else value
-        self._host_reads = [*self._host_reads[-(_HOST_READS - 1):], (value, number)]
+        if not value.is_cpu or value.dim() != 0:
+            return value  # on a device, or several numbers: left as is
+        number = value.item()
+        self._host_reads = [*self._host_reads[-(_HOST_READS - 1):], (weakref.ref(value), number)]
         return number
 
     def capture(self, reason: str = "user", message: str = "",
