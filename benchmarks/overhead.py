@@ -64,6 +64,7 @@ from prudent.config import load_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from handler_cost import component_costs_us, cost_rows, cost_verdicts  # noqa: E402
+from machine_load import cpu_busy_s
 
 IN_FEATURES, HIDDEN, CLASSES, BATCH_SIZE = 64, 128, 10, 32
 LR, SEED = 1e-3, 0
@@ -297,16 +298,6 @@ def other_load() -> Iterator[dict[str, float | None]]:
     if busy is not None and ended is not None:
         others = (ended - busy) - (own_cpu_s() - own)
         found["other_busy_cores"] = max(0.0, others) / (clock() - began)
-
-
-def cpu_busy_s() -> float | None:
-    """CPU seconds all processes have used since boot, from /proc/stat (None elsewhere)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields)
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def own_cpu_s() -> float:

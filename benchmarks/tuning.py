@@ -63,6 +63,9 @@ from typing import Any
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine_load import cpu_busy_s
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "tuning.json"
 METHODS = ("random", "random+sha", "tpe", "tpe+hyperband", "tpe+median", "prudent")
@@ -512,16 +515,6 @@ def defaults_description() -> dict[str, Any]:
                                  if isinstance(v, keep)},
             "pruner_settings": {k.lstrip("_"): v for k, v in vars(pruner).items()
                                 if isinstance(v, keep)}}
-
-
-def cpu_busy_s() -> float | None:
-    """CPU seconds all processes have used since boot, from /proc/stat (None elsewhere)."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
-    except OSError:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq = (int(v) for v in fields)
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
 
 
 def machine_info(jobs: int) -> dict[str, Any]:

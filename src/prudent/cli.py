@@ -6,8 +6,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, Optional
 
@@ -64,7 +62,7 @@ def run(
 ) -> None:
     """Supervise a training script: record it, pass --set overrides, forward signals, relaunch."""
     from prudent.profile import parse_step_window
-    from prudent.supervisor import Supervisor
+    from prudent.supervisor import Supervisor, child_environ
 
     overrides = parse_set_args(set_ or [])
     if profile_steps is not None:
@@ -78,24 +76,9 @@ def run(
     cost_commands.check_or_exit(settings)  # a job the policy forbids: exit 6, nothing written
     debug_env = {"PRUDENT_DEBUG": "1", "CUBLAS_WORKSPACE_CONFIG": os.environ.get(
         "CUBLAS_WORKSPACE_CONFIG", ":4096:8")} if debug else {}
-    with _child_environ(PRUDENT_PROFILE_STEPS=profile_steps, **cost, **debug_env):
+    with child_environ(PRUDENT_PROFILE_STEPS=profile_steps, **cost, **debug_env):
         code = supervisor.run()
     raise typer.Exit(code)
-
-
-@contextmanager
-def _child_environ(**values: str | None) -> Iterator[None]:
-    """Flags the child reads as PRUDENT_* variables (the supervisor passes its environment)."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update({key: value for key, value in values.items() if value is not None})
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @app.command()

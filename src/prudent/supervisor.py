@@ -16,7 +16,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from prudent.session import ENV_RUN_NAME, new_run_id
 from prudent.store import Store
 from prudent.units import validate_run_id
 
-__all__ = ["Supervisor"]
+__all__ = ["Supervisor", "child_environ"]
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _STOP_REASONS = {"preempted", "budget", "pruned", "policy", "interrupted"}
@@ -198,3 +199,19 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         except OSError:
             pass
+
+
+@contextmanager
+def child_environ(**values: str | None) -> Iterator[None]:
+    """Set these PRUDENT_* variables (None: leave alone) for the child processes started
+    meanwhile, which inherit the environment; restore the old values after."""
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update({key: value for key, value in values.items() if value is not None})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import typer
 
@@ -60,6 +59,7 @@ def tune(
     """Search hyperparameters: each trial a supervised run; weak and sick trials pruned."""
     from prudent.config import load_settings
     from prudent.cost import commands as cost_commands
+    from prudent.supervisor import child_environ
     from prudent.tune.strategy import DEFAULT_PRUNER, DEFAULT_SAMPLER
     from prudent.tune.tuner import TuneOptions, Tuner, parse_enqueue
     from prudent.units import parse_duration_s, parse_usd
@@ -76,16 +76,8 @@ def tune(
     settings = load_settings(config, overrides=cost_commands.as_overrides(cost))
     tuner = Tuner(options, settings)  # bad space, flags or study: exit 2 before anything runs
     cost_commands.check_or_exit(settings, kind="tune", parallel=workers)
-    saved = {key: os.environ.get(key) for key in cost}
-    os.environ.update({k: v for k, v in cost.items() if v is not None})
-    try:
+    with child_environ(**cost):
         code = tuner.run()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     raise typer.Exit(code)
 
 
