@@ -39,7 +39,7 @@ def test_plain_line_shows_the_live_cost_the_meter_publishes(settings: ProjectSet
     with run:
         for _ in run.epochs(1):
             for _ in run.batches(range(3)):
-                run.gauges["cost_usd"] = 1.234
+                run.context.gauges["cost_usd"] = 1.234
                 run.step(loss=0.5)
     assert any(" | $1.23" in line for line in out.getvalue().splitlines())
 

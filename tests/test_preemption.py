@@ -51,12 +51,12 @@ def test_notice_requests_a_preempted_stop_with_a_deadline(
     run = prudent.init(name="spot", settings=settings, exit_on_stop=False, components=[watcher])
     with run:
         deadline = time.monotonic() + 10
-        while run.stop_requested is None and time.monotonic() < deadline:
+        while run.context.stop_requested is None and time.monotonic() < deadline:
             time.sleep(0.01)
         run.step(loss=1.0)
     assert run.stop_reason == "preempted" and watcher.notice is not None
     assert watcher.notice.startswith(expected)
-    assert run.stop_deadline is not None and run.stop_deadline > time.time()
+    assert run.context.stop_deadline is not None and run.context.stop_deadline > time.time()
 
 
 def test_unreachable_metadata_service_is_quiet(settings: ProjectSettings) -> None:

@@ -48,7 +48,7 @@ class EventLog(Component):
     def on_epoch_end(self, run: Any, epoch: int) -> None:
         self.seen.append(f"epoch_end:{epoch}")
 
-    def on_stop_requested(self, run: Any, reason: str, message: str) -> None:
+    def on_stop_requested(self, run: Any, reason: Any) -> None:
         self.seen.append(f"stop_requested:{reason}")
 
     def on_end(self, run: Any, status: str, stop_reason: str | None) -> None:
@@ -104,15 +104,15 @@ def test_events_fire_in_loop_order(settings: ProjectSettings) -> None:
 
 def test_component_is_only_called_for_events_it_overrides(settings: ProjectSettings) -> None:
     run = prudent.init(name="dispatch", settings=settings, exit_on_stop=False, components=[StopAt(99)])
-    assert run._handlers[Event.STEP_END] and not run._handlers[Event.LOG]
-    run._finish("completed", None)
+    assert run.context.handlers[Event.STEP_END] and not run.context.handlers[Event.LOG]
+    run.context.finish("completed")
 
 
 def test_batch_wrappers_change_what_every_epoch_yields(settings: ProjectSettings) -> None:
     from itertools import islice
 
     run = prudent.init(name="wrapped", settings=settings, exit_on_stop=False, components=[])
-    run.wrap_batches(lambda batches: islice(batches, 3))  # a short epoch, as preflight wants
+    run.context.wrap_batches(lambda batches: islice(batches, 3))  # a short epoch, as preflight wants
     train(run, epochs=2, loader=tiny_loader(num_samples=64, batch_size=8))
     assert (run.status, run.state.step) == ("completed", 6)
 
@@ -121,20 +121,20 @@ def test_host_scalar_reads_a_cpu_loss_once_for_every_component_that_asks(
         settings: ProjectSettings) -> None:
     run = prudent.init(name="host", settings=settings, exit_on_stop=False, components=[])
     loss = torch.tensor(2.5, requires_grad=True) * 1
-    assert run.host_scalar(loss) == 2.5 and isinstance(run.host_scalar(loss), float)
+    assert run.context.host_scalar(loss) == 2.5 and isinstance(run.context.host_scalar(loss), float)
     with torch.no_grad():
         loss.fill_(7.0)  # the same tensor: the number read at its first ask is reused
-    assert run.host_scalar(loss) == 2.5
+    assert run.context.host_scalar(loss) == 2.5
     accuracy = torch.tensor(1.0)
-    assert run.host_scalar(accuracy) == 1.0  # a new tensor is read...
-    assert run.host_scalar(loss) == 2.5  # ...and the loss still remembered
+    assert run.context.host_scalar(accuracy) == 1.0  # a new tensor is read...
+    assert run.context.host_scalar(loss) == 2.5  # ...and the loss still remembered
     batch = torch.ones(3)
-    assert run.host_scalar(batch) is batch and run.host_scalar(0.5) == 0.5
+    assert run.context.host_scalar(batch) is batch and run.context.host_scalar(0.5) == 0.5
     remembered = weakref.ref(loss)
     del loss
     gc.collect()
     assert remembered() is None  # remembering its number does not keep a loss (and graph) alive
-    run._finish("completed", None)
+    run.context.finish("completed")
 
 
 def test_stop_request_unwinds_to_with_block_without_exiting(settings: ProjectSettings) -> None:
@@ -212,14 +212,14 @@ def test_step_keeps_no_graph_alive_and_converts_tensors_later(settings: ProjectS
         pending = recorder._pending[0][2]
         assert pending["loss"] == 6.0  # a CPU scalar: read at once, for free
         assert isinstance(pending["scale"], torch.Tensor) and not pending["scale"].requires_grad
-    assert run.latest["loss"] == 6.0 and run.latest["scale"] == 3.0  # the writer converted it
+    assert run.context.latest["loss"] == 6.0 and run.context.latest["scale"] == 3.0  # the writer converted it
 
 
 def test_log_values_are_floats_and_visible_at_once(settings: ProjectSettings) -> None:
     run = prudent.init(name="log", settings=settings, exit_on_stop=False)
     with run:
         run.log(val_acc=torch.tensor(0.75), epoch_time=3)
-        assert run.latest["val_acc"] == 0.75 and isinstance(run.latest["epoch_time"], float)
+        assert run.context.latest["val_acc"] == 0.75 and isinstance(run.context.latest["epoch_time"], float)
 
 
 def test_backward_scales_loss_with_an_enabled_grad_scaler(settings: ProjectSettings) -> None:
@@ -244,7 +244,7 @@ def test_set_overrides_reach_config_and_unknown_key_stops_before_start(
     monkeypatch.setenv("PRUDENT_SET", '{"lr": "1e-3"}')
     run = prudent.init(name="cfg", config={"lr": 0.1, "epochs": 2}, settings=settings,
                        exit_on_stop=False)
-    run._finish("completed", None)
+    run.context.finish("completed")
     assert run.config == {"lr": 0.001, "epochs": 2}
     monkeypatch.setenv("PRUDENT_SET", '{"lrr": 0.5}')
     with pytest.raises(SystemExit) as exited:

@@ -28,8 +28,31 @@ __all__ = [
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING, Any
+
 from prudent.errors import ConfigError, ExitCode, PrudentError, StopRun
 from prudent.events import Component, Event
-from prudent.run import Run
-from prudent.session import init
-from prudent.tune.api import tune  # the function shadows the subpackage's name
+
+if TYPE_CHECKING:
+    from prudent.run import Run
+    from prudent.session import init
+    from prudent.tune.api import tune
+
+
+def __getattr__(name: str) -> Any:
+    """``Run``, ``init`` and ``tune`` are imported on first use: importing the kernel
+    (``prudent.run``) must not pull in every plug-in through this package."""
+    if name == "Run":
+        from prudent.run import Run
+
+        return Run
+    if name == "init":
+        from prudent.session import init
+
+        return init
+    if name == "tune":
+        import importlib
+
+        # the function shadows the subpackage's name once the subpackage is imported
+        return importlib.import_module("prudent.tune.api").tune
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,28 +35,12 @@ from prudent.errors import ConfigError
 from prudent.monitor.settings import MonitorSettings
 from prudent.preemption import PreemptionSettings
 from prudent.profile.settings import ProfileSettings
+from prudent.run import RunSettings
 from prudent.store import StoreSettings
 
 __all__ = ["ENV_SETTINGS", "ProjectSettings", "RunSettings", "load_settings", "read_yaml_file"]
 
 SETTINGS_FILE = "prudent.yaml"
-
-
-class RunSettings(BaseModel):
-    """``run:`` in prudent.yaml: how the kernel itself behaves."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    device: str = Field("auto", description="run.device: auto picks cuda, then mps, then cpu.")
-    handle_signals: bool = Field(True, description="Turn SIGTERM into a clean stop with reason "
-                                 "'preempted' (only when the script has not set its own handler).")
-
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, value: str) -> str:
-        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
-            raise ValueError("allowed: auto, cpu, mps, cuda, cuda:N")
-        return value
 
 
 class ProjectSettings(BaseModel):

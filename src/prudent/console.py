@@ -19,7 +19,8 @@ from prudent.events import Component
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["ConsoleReporter", "ConsoleSettings"]
 
@@ -52,7 +53,7 @@ class ConsoleReporter(Component):
         self._rate = _Rate()
 
     # events -------------------------------------------------------------------------------
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         now = time.monotonic()
         if now < self._next_update:
             return
@@ -65,11 +66,11 @@ class ConsoleReporter(Component):
                 self._print(self._status_line(run))
             self._next_update = now + self.settings.interval_s
 
-    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         values = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
         self._print(f"epoch {run.state.epoch + 1} step {run.state.step}: {values}", run)
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
@@ -79,7 +80,7 @@ class ConsoleReporter(Component):
         self._print(f"{how} after {elapsed}, {run.state.step} steps. {latest}".rstrip(), run)
 
     # output -------------------------------------------------------------------------------
-    def _print(self, text: str, run: Run | None = None) -> None:
+    def _print(self, text: str, run: RunContext | None = None) -> None:
         if self.mode == "off":
             return
         prefix = f"prudent | {run.id} | " if run is not None else "prudent | "
@@ -88,10 +89,10 @@ class ConsoleReporter(Component):
         else:
             print(prefix + text if run is not None else text, file=self.stream, flush=True)
 
-    def _status_line(self, run: Run) -> str:
+    def _status_line(self, run: RunContext) -> str:
         return f"prudent | {run.id} | " + " | ".join(self._fields(run))
 
-    def _fields(self, run: Run) -> list[str]:
+    def _fields(self, run: RunContext) -> list[str]:
         state = run.state
         epochs = f"/{state.num_epochs}" if state.num_epochs else ""
         fields = [f"epoch {state.epoch + 1}{epochs}", f"step {state.step}"]
@@ -108,14 +109,14 @@ class ConsoleReporter(Component):
         return fields
 
     @staticmethod
-    def _eta_s(run: Run, rate: float | None) -> float | None:
+    def _eta_s(run: RunContext, rate: float | None) -> float | None:
         state = run.state
         if not (rate and state.num_epochs and state.batches_per_epoch):
             return None
         done = state.epoch * state.batches_per_epoch + state.batches_in_epoch
         return max(0, state.num_epochs * state.batches_per_epoch - done) / rate
 
-    def _update_bar(self, run: Run) -> None:
+    def _update_bar(self, run: RunContext) -> None:
         if self._progress is None:
             self._start_bar(run)
         assert self._progress is not None
@@ -126,7 +127,7 @@ class ConsoleReporter(Component):
         self._progress.update(self._task, total=total, completed=done if total else state.step,
                               info=" | ".join(self._fields(run)))
 
-    def _start_bar(self, run: Run) -> None:
+    def _start_bar(self, run: RunContext) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn
 

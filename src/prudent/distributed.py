@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prudent.events import Component
+from prudent.stop import StopReason
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
 
 __all__ = ["Ranks", "StopCoordinator", "ranks_from_env"]
 
@@ -59,10 +60,10 @@ class StopCoordinator(Component):
         self.ranks = ranks
         self._warned = False
 
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         run.defer_stops = True
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         import torch
         import torch.distributed as dist
 
@@ -76,16 +77,18 @@ class StopCoordinator(Component):
             return
         requests: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(requests, run.pending_stop)
-        reason, message = next(r for r in requests if r is not None)
-        origin = requests.index((reason, message))
-        run.replace_stop(reason, message if origin == self.ranks.rank
-                         else f"{message} (requested on rank {origin})")
+        reason = next(r for r in requests if r is not None)
+        origin = requests.index(reason)
+        if origin != self.ranks.rank:
+            reason = StopReason(reason.kind, reason.rule,
+                                f"{reason.message} (requested on rank {origin})")
+        run.replace_stop(reason)
         run.defer_stops = False
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         run.defer_stops = False
 
-    def _not_initialized(self, run: Run) -> None:
+    def _not_initialized(self, run: RunContext) -> None:
         run.defer_stops = False  # nothing to agree with: behave as a single process
         if not self._warned:
             self._warned = True

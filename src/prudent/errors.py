@@ -14,23 +14,9 @@
 
 from __future__ import annotations
 
-from enum import IntEnum
+from prudent.stop import ExitCode, StopReason
 
 __all__ = ["ConfigError", "ExitCode", "PrudentError", "StopRun", "StoreError", "exit_code_for"]
-
-
-class ExitCode(IntEnum):
-    """Process exit codes, so a supervisor (prudent's, Kubernetes, SLURM) knows what happened."""
-
-    COMPLETED = 0
-    ERROR = 1  # the script raised: Python's own code for an uncaught exception
-    BAD_INPUT = 2  # a setting, flag or --set value is wrong; nothing ran
-    RULE = 3  # a monitoring rule stopped the run (stop_reason "rule:<name>")
-    BUDGET = 4  # the run reached its budget; resumable once the budget is raised
-    PRUNED = 5  # the tuner pruned this trial
-    POLICY = 6  # the run would break the policy
-    PREEMPTED = 75  # EX_TEMPFAIL: the machine is going away; relaunch and resume
-    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
 
 
 class PrudentError(Exception):
@@ -50,44 +36,32 @@ class StopRun(Exception):  # noqa: N818 - the public name is fixed by the design
 
     ``reason`` is one of ``preempted``, ``budget``, ``pruned``, ``rule:<name>``, ``policy``,
     ``interrupted``; it becomes the run's ``stop_reason`` and picks the exit code.
+    ``stop`` is the same as a :class:`~prudent.stop.StopReason`.
     """
 
-    def __init__(self, reason: str, message: str = "") -> None:
-        super().__init__(f"{reason}: {message}" if message else reason)
-        self.reason = reason
+    def __init__(self, reason: str | StopReason, message: str = "") -> None:
+        stop = reason if isinstance(reason, StopReason) else StopReason.parse(reason, message)
+        message = message or stop.message
+        if message != stop.message:
+            stop = StopReason(stop.kind, stop.rule, message)
+        super().__init__(f"{stop}: {message}" if message else str(stop))
+        self.stop = stop
+        self.reason = str(stop)
         self.message = message
 
     @property
     def exit_code(self) -> int:
-        return exit_code_for(self.reason)
+        return self.stop.exit_code
 
 
-_REASON_CODES = {
-    "preempted": ExitCode.PREEMPTED,
-    "budget": ExitCode.BUDGET,
-    "pruned": ExitCode.PRUNED,
-    "policy": ExitCode.POLICY,
-    "interrupted": ExitCode.INTERRUPTED,
-    "error": ExitCode.ERROR,
-}
-
-
-def exit_code_for(reason: str | None) -> int:
+def exit_code_for(reason: str | StopReason | None) -> int:
     """The exit code for a stop reason (``None`` means the run completed)."""
     if reason is None:
         return int(ExitCode.COMPLETED)
-    if reason.startswith("rule:"):
-        return int(ExitCode.RULE)
-    return int(_REASON_CODES.get(reason, ExitCode.ERROR))
+    return (reason if isinstance(reason, StopReason) else StopReason.parse(reason)).exit_code
 
 
 def reason_for_exit_code(code: int) -> str | None:
-    """The inverse of :func:`exit_code_for`, for a supervisor that only saw the exit code."""
-    if code == ExitCode.COMPLETED:
-        return None
-    if code == ExitCode.RULE:
-        return "rule:unknown"
-    for reason, value in _REASON_CODES.items():
-        if value == code:
-            return reason
-    return "error"
+    """The ``stop_reason`` string a supervisor infers from an exit code alone."""
+    reason = StopReason.from_exit_code(code)
+    return None if reason is None else str(reason)

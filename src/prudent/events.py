@@ -18,8 +18,13 @@ The user's loop, and where each event fires::
     leaving ``with run:``                  END          (status known; last chance to write)
 
 Components subscribe by overriding ``on_<event name>``; the run only calls the methods a
-component overrides, so an idle event costs nothing. Components never call each other: what
-they share goes through the run (its state, its store, ``run.request_stop``).
+component overrides, so an idle event costs nothing. Handlers get the
+:class:`~prudent.context.RunContext`, never the user's ``Run``. Components never call each
+other: what they share goes through the context (its state, its store, ``request_stop``).
+
+What a run writes to its record (the store's ``events`` table) is a different thing: a
+``(kind, name)`` pair from :data:`RECORDED_EVENTS`, a message for a person and a payload for
+code (a fact another module needs is read from the payload, never from the message).
 """
 
 from __future__ import annotations
@@ -28,9 +33,10 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
-__all__ = ["Component", "Event"]
+__all__ = ["RECORDED_EVENTS", "Component", "Event", "EventKind"]
 
 
 class Event(str, Enum):
@@ -52,12 +58,45 @@ class Event(str, Enum):
         return f"on_{self.value}"
 
 
+class EventKind(str, Enum):
+    """The ``kind`` column of a recorded event."""
+
+    LIFECYCLE = "lifecycle"
+    SUPERVISOR = "supervisor"
+    CHECKPOINT = "checkpoint"
+    PREEMPTION = "preemption"
+    COST = "cost"
+    PROFILE = "profile"
+    FINDING = "finding"  # name: the profile finding's id
+    MONITOR = "monitor"
+    RULE = "rule"  # name: the rule that fired
+    CAPTURE = "capture"
+    CAPTURE_REQUESTED = "capture_requested"  # name: the rule that asked
+
+
+# Every (kind, name) a run records; None: the name is a rule's name or a finding's id.
+RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
+    EventKind.LIFECYCLE: ("start", "stop_requested", "end"),
+    EventKind.SUPERVISOR: ("exit", "end"),
+    EventKind.CHECKPOINT: ("skipped", "fresh_start", "resumed", "emergency_skipped",
+                           "not_restored", "save_failed", "saved", "interval"),
+    EventKind.PREEMPTION: ("notice",),
+    EventKind.COST: ("detect", "price", "meter", "limit"),
+    EventKind.PROFILE: ("trace_failed", "trace", "trace_skipped", "summary"),
+    EventKind.FINDING: None,
+    EventKind.MONITOR: ("error", "rule_error", "stacks_not_written", "hard_exit"),
+    EventKind.RULE: None,
+    EventKind.CAPTURE: ("skipped", "failed", "written"),
+    EventKind.CAPTURE_REQUESTED: None,
+}
+
+
 class Component:
     """A habit plugged into the run. Override only the ``on_<event>`` methods you need.
 
     Contract: handlers run on the training thread, so they must be cheap (a few microseconds
     on ``on_step_end``); slow work belongs on a background thread the component owns and
-    stops in ``on_end``. A handler may call ``run.request_stop(reason)``; it must not raise
+    stops in ``on_end``. A handler may call ``ctx.request_stop(reason)``; it must not raise
     to stop the run. ``state_dict``/``load_state_dict`` let a component's state ride in
     checkpoints.
     """
@@ -65,32 +104,32 @@ class Component:
     name: ClassVar[str] = "component"
     main_rank_only: ClassVar[bool] = False  # under torchrun, only rank 0 gets this component
 
-    def on_start(self, run: Run) -> None: ...
+    def on_start(self, ctx: RunContext) -> None: ...
 
-    def on_attach(self, run: Run, objects: dict[str, Any]) -> None: ...
+    def on_attach(self, ctx: RunContext, objects: dict[str, Any]) -> None: ...
 
-    def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None: ...
+    def on_batch_loaded(self, ctx: RunContext, batch: Any, wait_s: float) -> None: ...
 
-    def on_after_backward(self, run: Run, loss: Any) -> None: ...
+    def on_after_backward(self, ctx: RunContext, loss: Any) -> None: ...
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None: ...
+    def on_step_end(self, ctx: RunContext, metrics: dict[str, Any]) -> None: ...
 
-    def on_log(self, run: Run, metrics: dict[str, float]) -> None: ...
+    def on_log(self, ctx: RunContext, metrics: dict[str, float]) -> None: ...
 
-    def on_epoch_end(self, run: Run, epoch: int) -> None: ...
+    def on_epoch_end(self, ctx: RunContext, epoch: int) -> None: ...
 
-    def on_checkpoint_taken(self, run: Run, step: int) -> None:
+    def on_checkpoint_taken(self, ctx: RunContext, step: int) -> None:
         """On the training thread, once a save's snapshot is taken (an asynchronous save goes
         on writing in the background; a synchronous one is already written)."""
 
-    def on_checkpoint_saved(self, run: Run, path: str) -> None: ...
+    def on_checkpoint_saved(self, ctx: RunContext, path: str) -> None: ...
 
-    def on_stop_requested(self, run: Run, reason: str, message: str) -> None: ...
+    def on_stop_requested(self, ctx: RunContext, reason: StopReason) -> None: ...
 
-    def on_capture_requested(self, run: Run, reason: str, message: str,
+    def on_capture_requested(self, ctx: RunContext, reason: str, message: str,
                              error: BaseException | None) -> None: ...
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None: ...
+    def on_end(self, ctx: RunContext, status: str, reason: StopReason | None) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:
         return {}

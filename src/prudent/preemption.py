@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from prudent.events import Component
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["PreemptionSettings", "PreemptionWatcher", "detect_cloud"]
 
@@ -84,17 +85,17 @@ class PreemptionWatcher(Component):
         cloud = settings.cloud if settings.cloud != "auto" else detected
         return cls(settings, [cloud] if cloud else ["aws", "gcp", "azure"])
 
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         self._thread = threading.Thread(target=self._poll, args=(run,), daemon=True,
                                         name="prudent-preemption-watcher")
         self._thread.start()
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.settings.timeout_s * 3 + 1)
 
-    def _poll(self, run: Run) -> None:
+    def _poll(self, run: RunContext) -> None:
         while not self._stop.is_set():
             for cloud in self.clouds:
                 found = self._check(cloud)
@@ -109,7 +110,7 @@ class PreemptionWatcher(Component):
         except (OSError, ValueError, KeyError):
             return None  # no metadata service, no notice, or a malformed answer: keep polling
 
-    def _announce(self, run: Run, cloud: str, deadline: float, what: str) -> None:
+    def _announce(self, run: RunContext, cloud: str, deadline: float, what: str) -> None:
         left = deadline - time.time()
         self.notice = f"{cloud.upper()} interruption notice: {what}, {left:.0f} s left"
         run.stop_deadline = deadline

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 from prudent.events import Component
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["MetricsRecorder"]
 
@@ -26,36 +27,40 @@ class MetricsRecorder(Component):
         self.every_steps = every_steps
         self.every_s = every_s
         self._pending: list[tuple[int, float, dict[str, Any]]] = []
-        self._next_handoff = time.monotonic() + every_s
+        self._next_handoff = time.time() + every_s  # the clock each row is stamped with
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         if not metrics:
             return
-        self._pending.append((run.state.step, time.time(), _detached(run, metrics)))
-        if len(self._pending) >= self.every_steps or time.monotonic() >= self._next_handoff:
+        now = time.time()  # read once: the row's stamp and the hand-off clock
+        pending = self._pending
+        pending.append((run.state.step, now, _detached(run, metrics)))
+        if len(pending) >= self.every_steps or now >= self._next_handoff:
             self._handoff(run)
 
-    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self._pending.append((run.state.step, time.time(), dict(metrics)))
         self._handoff(run)
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         self._handoff(run)
         run.writer.flush()  # components after this one (the console's summary) see final values
 
-    def _handoff(self, run: Run) -> None:
+    def _handoff(self, run: RunContext) -> None:
         if self._pending:
             run.writer.put_metrics(run.id, self._pending)
             self._pending = []
-        self._next_handoff = time.monotonic() + self.every_s
+        self._next_handoff = time.time() + self.every_s
 
 
-def _detached(run: Run, metrics: dict[str, Any]) -> dict[str, Any]:
+def _detached(run: RunContext, metrics: dict[str, Any]) -> dict[str, Any]:
     """Numbers for the store: a CPU scalar is read now (most likely already read by the
     monitor or capture: free), a device tensor is detached and read by the writer's thread
     (keeping it attached would keep its autograd graph, and activations, alive)."""
     out = {}
     for name, value in metrics.items():
         value = run.host_scalar(value)
-        out[name] = value.detach() if hasattr(value, "detach") else value
+        # a float first: hasattr() on one raises and catches an AttributeError inside
+        out[name] = value if value.__class__ is float or not hasattr(value, "detach") \
+            else value.detach()
     return out

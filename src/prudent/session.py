@@ -18,17 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from prudent.config import ProjectSettings, load_settings
+from prudent.context import RunContext
 from prudent.distributed import Ranks, ranks_from_env
 from prudent.errors import ConfigError, ExitCode
 from prudent.events import Component
-from prudent.hparams import apply_overrides, overrides_from_env
-from prudent.run import ENV_RUN_ID, ENV_SUPERVISED, Run
-from prudent.store import Store
+from prudent.hparams import apply_overrides
+from prudent.launch import LaunchSpec
+from prudent.run import Run
+from prudent.stop import StopKind, StopReason
+from prudent.store import Store, StoreWriter
 from prudent.units import validate_run_id
 
 __all__ = ["init", "new_run_id"]
-
-ENV_RUN_NAME = "PRUDENT_RUN_NAME"
 
 
 def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
@@ -42,30 +43,41 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
     ranks = ranks_from_env()
     try:
         settings = settings or load_settings()
-        resolved = apply_overrides(config or {}, overrides_from_env())
-        run_id = validate_run_id(os.environ.get(ENV_RUN_ID) or _shared_run_id(name, ranks))
+        spec = LaunchSpec.from_env()
+        resolved = apply_overrides(config or {}, spec.overrides)
+        run_id = validate_run_id(spec.run_id or _shared_run_id(name, ranks))
     except ConfigError as exc:
-        if not exit_on_stop:
-            raise
-        print(f"prudent: error: {exc}", file=sys.stderr)
-        raise SystemExit(int(ExitCode.BAD_INPUT)) from None
-    name = os.environ.get(ENV_RUN_NAME) or name or _script_name()
+        return _bad_input(exc, exit_on_stop)
+    name = spec.name or name or _script_name()
     store = Store.open(settings.store) if ranks.is_main else None
     if store is not None:
-        _register(store, run_id, name, resolved)
-    run = Run(run_id=run_id, name=name, config=resolved, settings=settings, store=store,
-              exit_on_stop=exit_on_stop, components=components)
+        _register(store, run_id, name, resolved, spec)
+    if components is None:
+        from prudent.components import default_components  # imports torch: not for the CLI
+
+        components = default_components(settings)
+    context = RunContext(
+        run_id=run_id, name=name, config=resolved, home=settings.store.home, store=store,
+        writer=StoreWriter(store, settings.store.flush_interval_s) if store is not None else None,
+        settings=settings, exit_on_stop=exit_on_stop, components=components,
+        handle_signals=settings.run.handle_signals)
+    run = Run(context, settings.run, smoke=spec.smoke)
     try:
-        run._start()
+        context.start()
         if objects:
             run.attach(**objects)
     except ConfigError as exc:
-        run._finish("failed", "error", str(exc))
-        if not exit_on_stop:
-            raise
-        print(f"prudent: error: {exc}", file=sys.stderr)
-        raise SystemExit(int(ExitCode.BAD_INPUT)) from None
+        context.finish("failed", StopReason(StopKind.ERROR, None, str(exc)), str(exc))
+        return _bad_input(exc, exit_on_stop)
     return run
+
+
+def _bad_input(exc: ConfigError, exit_on_stop: bool) -> Run:
+    """A bad setting or override: one line naming the fix, exit code 2 (or raise)."""
+    if not exit_on_stop:
+        raise exc
+    print(f"prudent: error: {exc}", file=sys.stderr)
+    raise SystemExit(int(ExitCode.BAD_INPUT)) from None
 
 
 def new_run_id(name: str) -> str:
@@ -82,13 +94,14 @@ def _shared_run_id(name: str | None, ranks: Ranks) -> str:
     return new_run_id(name or _script_name())
 
 
-def _register(store: Store, run_id: str, name: str, config: dict[str, Any]) -> None:
+def _register(store: Store, run_id: str, name: str, config: dict[str, Any],
+              spec: LaunchSpec) -> None:
     fields = {"config": config, "host": socket.gethostname(), "pid": os.getpid()}
     existing = store.get_run(run_id)
     if existing is None:
         store.create_run(run_id, name, command=shlex.join(sys.argv), **fields)
         return
-    if not os.environ.get(ENV_SUPERVISED):  # the supervisor counts its own relaunches
+    if not spec.supervised:  # the supervisor counts its own relaunches
         store.count_restart(run_id)
     store.update_run(run_id, name=name, status="running", stop_reason=None, ended_at=None,
                      **fields)

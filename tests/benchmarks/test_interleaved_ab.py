@@ -18,19 +18,19 @@ def test_switching_off_removes_the_monitors_handlers_and_hooks_and_on_restores_t
     with ab.prudent_environment(str(tmp_path / "home")):
         model, opt, _ = ab.training_parts(ab.learnable_data(2))()
         run = prudent.init(name="switch", exit_on_stop=False)
-        monitor = next(c for c in run.components if isinstance(c, Monitor))
+        monitor = next(c for c in run.context.components if isinstance(c, Monitor))
         run.attach(model=model, optimizer=opt)
         switch = ab._Switch(run, "monitor")
-        full = list(run._step_end)
+        full = list(run.context.handlers[Event.STEP_END])
         monitor.stats.activations.arm(1)  # a sample about to be taken
         switch.set(False)
-        assert monitor.on_step_end not in run._step_end  # the run's own (aliased) list
-        assert monitor.on_after_backward not in run._handlers[Event.AFTER_BACKWARD]
-        assert len(run._step_end) == len(full) - 1
+        assert monitor.on_step_end not in run.context.handlers[Event.STEP_END]  # the run's own (aliased) list
+        assert monitor.on_after_backward not in run.context.handlers[Event.AFTER_BACKWARD]
+        assert len(run.context.handlers[Event.STEP_END]) == len(full) - 1
         assert not monitor.stats.activations.armed  # no hooks left to slow the off arm
         switch.set(True)
-        assert run._step_end == full  # back, in the same order
-        run._finish("completed", None)
+        assert run.context.handlers[Event.STEP_END] == full  # back, in the same order
+        run.context.finish("completed")
 
 
 def test_switching_all_off_leaves_only_the_kernel(tmp_path: Path) -> None:
@@ -38,10 +38,10 @@ def test_switching_all_off_leaves_only_the_kernel(tmp_path: Path) -> None:
         run = prudent.init(name="switch-all", exit_on_stop=False)
         switch = ab._Switch(run, "all")
         switch.set(False)
-        assert all(not run._handlers[event] for event in ab.PER_STEP_EVENTS)
+        assert all(not run.context.handlers[event] for event in ab.PER_STEP_EVENTS)
         switch.set(True)
-        assert {type(h.__self__).__name__ for h in run._step_end} >= {"Monitor", "Checkpointer"}
-        run._finish("completed", None)
+        assert {type(h.__self__).__name__ for h in run.context.handlers[Event.STEP_END]} >= {"Monitor", "Checkpointer"}
+        run.context.finish("completed")
 
 
 @pytest.mark.parametrize("which", ["monitor", "all"])

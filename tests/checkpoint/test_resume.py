@@ -54,7 +54,7 @@ def train(settings: ProjectSettings, kind: str, stop_at: int | None = None) -> d
     extra = [StopAt(stop_at)] if stop_at else []
     run = prudent.init(name="r", settings=settings, exit_on_stop=False)
     for component in extra:
-        run.add_component(component)
+        run.context.add_component(component)
     run.attach(model=model, optimizer=opt, scheduler=sched, counters={"seen": 0})
     loader = make_loader(kind)
     with run:
@@ -65,10 +65,10 @@ def train(settings: ProjectSettings, kind: str, stop_at: int | None = None) -> d
                 opt.step()
                 opt.zero_grad()
                 sched.step()
-                run.objects["counters"]["seen"] += len(x)
+                run.context.objects["counters"]["seen"] += len(x)
                 run.step(loss=loss)
     return {"status": run.status, "step": run.state.step, "model": model.state_dict(),
-            "opt": opt.state_dict(), "seen": run.objects["counters"]["seen"], "id": run.id}
+            "opt": opt.state_dict(), "seen": run.context.objects["counters"]["seen"], "id": run.id}
 
 
 def same(a: Any, b: Any) -> bool:
@@ -116,7 +116,7 @@ def test_resume_is_recorded_and_unattached_objects_are_reported(
     run.attach(model=torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5),
                                          torch.nn.Linear(16, 2)))
     assert run.state.step == 7
-    run._finish("completed", None)
+    run.context.finish("completed")
     store = Store.open(settings.store)
     messages = {e["name"]: e["message"] for e in store.events("r1")}
     store.close()
@@ -144,7 +144,7 @@ def test_attaching_something_that_cannot_be_restored_is_an_error(settings: Proje
     run = prudent.init(name="r", settings=settings, exit_on_stop=False)
     with pytest.raises(prudent.ConfigError, match=r"run.attach\(epochs=...\) got a int"):
         run.attach(epochs=3)
-    run._finish("completed", None)
+    run.context.finish("completed")
 
 
 def test_auto_interval_saves_rarely_on_fast_steps(settings: ProjectSettings) -> None:

@@ -145,7 +145,7 @@ def test_stored_cost_is_updated_while_the_run_goes(home: Path, catalog_file: str
         while _stored(home, run.id)["cost_usd"] < 42 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _stored(home, run.id)["cost_usd"] == pytest.approx(42.0)
-        assert run.gauges["cost_usd"] == pytest.approx(42.0)  # what the console line shows
+        assert run.context.gauges["cost_usd"] == pytest.approx(42.0)  # what the console line shows
 
 
 def test_the_training_thread_pays_one_clock_read_per_step(home: Path, catalog_file: str) -> None:

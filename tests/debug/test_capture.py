@@ -25,7 +25,7 @@ def _run(settings: ProjectSettings, *components: object) -> prudent.Run:
 
 
 def _bundles(run: prudent.Run) -> list[Path]:
-    return sorted((run.run_dir / "captures").glob("step-*"))
+    return sorted((run.context.run_dir / "captures").glob("step-*"))
 
 
 def test_non_finite_gradient_is_captured_with_the_weights_before_the_update(

@@ -40,7 +40,7 @@ def test_stop_and_prune_unwind_the_run_with_their_reason(home: Path, action: obj
     run = new_run(home)
     with run:
         run.step(loss=1.0)
-        action.apply(run, firing())  # type: ignore[attr-defined]
+        action.apply(run.context, firing())  # type: ignore[attr-defined]
         run.step(loss=1.0)
         pytest.fail("the step after a stop request must raise StopRun")
     assert (run.status, run.stop_reason, run.exit_code) == ("stopped", reason, code)
@@ -49,7 +49,7 @@ def test_stop_and_prune_unwind_the_run_with_their_reason(home: Path, action: obj
 def test_capture_records_a_request_with_the_step_and_the_reason(home: Path) -> None:
     run = new_run(home)
     with run:
-        assert CaptureAction().apply(run, firing()) == "capture requested"
+        assert CaptureAction().apply(run.context, firing()) == "capture requested"
     store = Store(f"sqlite:///{home / 'prudent.db'}")
     (event,) = [e for e in store.events(run.id) if e["kind"] == "capture_requested"]
     store.close()
@@ -66,9 +66,9 @@ def test_reduce_lr_scales_every_group_and_the_schedule_then_cools_down(home: Pat
     run.attach(model=model, optimizer=opt, scheduler=sched)
     action = ReduceLRAction(ReduceLRSettings(factor=0.5, cooldown_steps=100, min_lr=0.004))
     with run:
-        assert action.apply(run, firing(at=42)) == "learning rate 0.1 -> 0.05"
-        assert action.apply(run, firing(at=100)).startswith("reduce_lr in cooldown (reduced at step 42)")
-        assert action.apply(run, firing(at=142)) == "learning rate 0.05 -> 0.025"
+        assert action.apply(run.context, firing(at=42)) == "learning rate 0.1 -> 0.05"
+        assert action.apply(run.context, firing(at=100)).startswith("reduce_lr in cooldown (reduced at step 42)")
+        assert action.apply(run.context, firing(at=142)) == "learning rate 0.05 -> 0.025"
         opt.step()
         sched.step()  # LambdaLR recomputes lr from base_lrs: the reduction must survive it
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.025, 0.004])
@@ -81,14 +81,14 @@ def test_reduce_lr_stops_at_its_floor_and_says_so(home: Path) -> None:
     run.attach(optimizer=opt)
     action = ReduceLRAction(ReduceLRSettings(factor=0.1, cooldown_steps=0, min_lr=1e-3))
     with run:
-        assert action.apply(run, firing()) == "reduce_lr: the learning rate is already at its floor 0.001"
+        assert action.apply(run.context, firing()) == "reduce_lr: the learning rate is already at its floor 0.001"
     assert opt.param_groups[0]["lr"] == 1e-3
 
 
 def test_reduce_lr_without_an_optimizer_says_what_to_attach(home: Path) -> None:
     run = new_run(home)
     with run:
-        assert "run.attach(optimizer=...)" in ReduceLRAction().apply(run, firing())
+        assert "run.attach(optimizer=...)" in ReduceLRAction().apply(run.context, firing())
 
 
 def test_every_action_name_has_an_action() -> None:

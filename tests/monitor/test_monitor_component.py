@@ -148,7 +148,7 @@ def test_monitor_state_rides_in_the_run_state_and_survives_weights_only_load(hom
     run, monitor = monitored_run(home)
     train(run, epochs=4)
     buffer = io.BytesIO()
-    torch.save(run.state_dict()["components"]["monitor"], buffer)
+    torch.save(run.context.state_dict()["components"]["monitor"], buffer)
     buffer.seek(0)
     restored = Monitor(MonitorSettings())
     restored.load_state_dict(torch.load(buffer, weights_only=True))
@@ -162,8 +162,8 @@ def test_disabled_monitoring_adds_no_component(home: Path) -> None:
                        exit_on_stop=False)
     with run:
         pass
-    assert not any(isinstance(c, Monitor) for c in run.components)
+    assert not any(isinstance(c, Monitor) for c in run.context.components)
     run2 = prudent.init(name="on", settings=make_settings(home), exit_on_stop=False)
     with run2:
         pass
-    assert any(isinstance(c, Monitor) for c in run2.components)
+    assert any(isinstance(c, Monitor) for c in run2.context.components)

@@ -138,7 +138,7 @@ def test_a_hung_loop_is_interrupted_and_stopped_with_the_stacks_saved(home: Path
     run, took = hung_run(home, "stop", hang_s=60)
     assert (run.status, run.stop_reason, run.exit_code) == ("stopped", "rule:stalled", 3)
     assert took < 10  # timeout 0.4 s + grace 0.4 s, polled every 0.1 s
-    stacks = (run.run_dir / "stalled-stacks.txt").read_text()
+    stacks = (run.context.run_dir / "stalled-stacks.txt").read_text()
     assert "training stalled: no step for" in stacks and "in hung_run" in stacks
     assert "time.sleep(hang_s)" in stacks
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL  # handler restored

@@ -65,7 +65,7 @@ def test_smoke_mode_runs_two_short_epochs_and_reaches_the_last_batch(
         settings: ProjectSettings, smoke: Path) -> None:
     run = train(settings, torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
                                               torch.nn.Linear(8, 2)))
-    assert isinstance(run.components[-1], PreflightProbe)
+    assert isinstance(run.context.components[-1], PreflightProbe)
     record = json.loads(smoke.read_text())
     assert record["status"] == "completed" and record["num_epochs"] == 5
     assert [(s["epoch"], s["index"]) for s in record["steps"]] == [

@@ -59,7 +59,7 @@ def train(home: Path, *, steps: int = 30, data_s: float = 0.0, compute_s: float 
 
 
 def profiler_of(run: prudent.Run) -> Profiler:
-    (profiler,) = [c for c in run.components if isinstance(c, Profiler)]
+    (profiler,) = [c for c in run.context.components if isinstance(c, Profiler)]
     return profiler
 
 
@@ -75,12 +75,12 @@ def test_profiling_is_on_by_default_and_first_to_see_each_step(home: Path) -> No
     run = prudent.init(name="t", settings=make_settings(home), exit_on_stop=False)
     with run:
         pass
-    assert isinstance(run.components[0], Profiler)
+    assert isinstance(run.context.components[0], Profiler)
     off = prudent.init(name="t", settings=make_settings(home, profile={"enabled": False}),
                        exit_on_stop=False)
     with off:
         pass
-    assert not any(isinstance(c, Profiler) for c in off.components)
+    assert not any(isinstance(c, Profiler) for c in off.context.components)
 
 
 def test_breakdown_matches_injected_delays_and_is_stored_and_in_the_run_folder(
@@ -98,7 +98,7 @@ def test_breakdown_matches_injected_delays_and_is_stored_and_in_the_run_folder(
     # each step sleeps >= 15 ms; "recent" is the last minute of training, "whole" the run
     assert 0 < whole < 1 / 0.015 and 0 < recent < 1 / 0.015
     assert summary["message"].startswith("profile: 25 steps in 0:00:0")
-    on_disk = json.loads((run.run_dir / "profile.json").read_text())
+    on_disk = json.loads((run.context.run_dir / "profile.json").read_text())
     assert on_disk["breakdown"] == profile["breakdown"] and len(on_disk["timeline"]) >= 3
     findings = events(home, run, "finding")
     assert [e["name"] for e in findings] == ["input_bound", "eval_overhead"]
@@ -118,7 +118,7 @@ def test_a_failed_run_still_gets_its_profile(home: Path) -> None:
     (run,) = FINISHED
     assert run.status == "failed"
     assert profiler_of(run).summary["num_steps"] == 5  # type: ignore[index]
-    assert (run.run_dir / "profile.json").exists()
+    assert (run.context.run_dir / "profile.json").exists()
 
 
 def test_console_line_goes_to_stderr_and_is_silent_when_the_console_is_off(
@@ -159,7 +159,7 @@ def test_window_past_the_end_is_reported_at_the_first_step_and_training_goes_on(
     err = capsys.readouterr().err
     assert ("--profile-steps 50:60 was not traced: training ends at step 20 at the latest "
             "(2 epochs x 10 batches). Choose a window inside the run") in err
-    assert not list(run.run_dir.glob("trace-*"))
+    assert not list(run.context.run_dir.glob("trace-*"))
 
 
 def test_window_the_run_stops_inside_keeps_what_was_traced(home: Path) -> None:

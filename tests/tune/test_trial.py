@@ -53,7 +53,7 @@ def test_a_trial_worse_than_the_best_at_its_epoch_is_pruned_through_stop_run(
     assert run.stop_reason == "pruned" and run.exit_code == prudent.ExitCode.PRUNED
     frozen = study.trials[trial.number]
     assert frozen.intermediate_values == {1: 0.5}  # step = epochs done; stopped after epoch 1
-    assert run.store is not None
+    assert run.context.store is not None
 
 
 def test_a_good_trial_reports_every_epoch_and_completes(settings: ProjectSettings,
@@ -97,7 +97,8 @@ def test_the_component_exists_only_in_a_trial_process(tmp_path: Path) -> None:
 def test_under_the_tuner_sick_rules_prune_instead_of_stop(settings: ProjectSettings,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     assert under_tuner(settings.monitor) is settings.monitor
-    monkeypatch.setenv(ENV_TRIAL, "{}")
+    monkeypatch.setenv(ENV_TRIAL, trial_env(storage="s.journal", study="st", trial_id=3,
+                                            number=2, objective="val_acc", pruner=ASHA)[ENV_TRIAL])
     tuned = under_tuner(settings.monitor)
     assert tuned.rules.non_finite.action == ["prune"]
     assert tuned.rules.divergence.action == ["prune"]

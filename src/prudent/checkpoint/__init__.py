@@ -6,16 +6,10 @@ reads ``CheckpointSettings``) should not pay for importing it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from prudent.checkpoint.settings import CheckpointSettings
+from prudent.lazy import lazy_exports
 
 __all__ = ["CheckpointSettings", "Checkpointer"]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "Checkpointer":
-        from prudent.checkpoint.manager import Checkpointer
-
-        return Checkpointer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"Checkpointer": "prudent.checkpoint.manager"})

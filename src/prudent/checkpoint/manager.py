@@ -25,7 +25,8 @@ from prudent.errors import ConfigError
 from prudent.events import Component, Event
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["Checkpointer"]
 
@@ -46,10 +47,11 @@ class Checkpointer(Component):
         self._saved_objects: dict[str, Any] = {}
         self._last_position: tuple[int, int, int] | None = None
         self._sync_save_s: float | None = None
+        self._writing = False  # a background write was started and its result not yet read
         self.read_only = False  # torchrun ranks other than 0 restore but never write
 
     # resume -------------------------------------------------------------------------------
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         self.read_only = not ranks_from_env().is_main
         self.storage = open_storage(self.settings.url or _default_location(run))
         self.writer = CheckpointWriter(self.storage, self.settings.keep,
@@ -69,7 +71,7 @@ class Checkpointer(Component):
             return
         self._resume(run, loaded.name, loaded.payload)
 
-    def _no_usable_checkpoint(self, run: Run, count: int) -> None:
+    def _no_usable_checkpoint(self, run: RunContext, count: int) -> None:
         message = (f"none of the {count} checkpoints in {self.storage.url} is usable "  # type: ignore[union-attr]
                    "(see the events above)")
         if self.settings.strict_resume:
@@ -78,7 +80,7 @@ class Checkpointer(Component):
         print(f"prudent: warning: {message}; starting from scratch", file=sys.stderr)
         run.record_event("checkpoint", "fresh_start", message + "; starting from scratch")
 
-    def _resume(self, run: Run, name: str, payload: dict[str, Any]) -> None:
+    def _resume(self, run: RunContext, name: str, payload: dict[str, Any]) -> None:
         run.load_state_dict(payload["run"])
         self._saved_objects = dict(payload["objects"])
         self.resumed_from = name
@@ -89,31 +91,34 @@ class Checkpointer(Component):
                          f"resumed from {name}: step {state.step}, epoch {state.epoch + 1}, "
                          f"{state.batches_in_epoch} batches into it", checkpoint=name)
 
-    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+    def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         for key, obj in objects.items():
             check_saveable(key, obj)
             if key in self._saved_objects:
                 restore_object(obj, self._saved_objects.pop(key))
 
     # save ---------------------------------------------------------------------------------
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         if self.writer is None:
             return
-        busy = self.writer.busy
-        if not busy:
-            self._report(run, self.writer.completed())
+        busy = False  # most steps: no write in flight, nothing to ask the writer
+        if self._writing:
+            busy = self.writer.busy
+            if not busy:
+                self._writing = False
+                self._report(run, self.writer.completed())
         # auto never queues a save behind one in flight; fixed intervals are the user's call
-        if (run.stop_requested is None and not (busy and self.schedule.kind == "auto")
-                and self.schedule.due_at_step(run.state.step)):
+        if (self.schedule.due_at_step(run.state.step) and run.stop_requested is None
+                and not (busy and self.schedule.kind == "auto")):
             self.save(run, "periodic")
 
-    def on_epoch_end(self, run: Run, epoch: int) -> None:
+    def on_epoch_end(self, run: RunContext, epoch: int) -> None:
         if self.writer is not None and self.schedule.due_at_epoch_end(epoch):
             self.save(run, "epoch_end")
 
-    def on_stop_requested(self, run: Run, reason: str, message: str) -> None:
+    def on_stop_requested(self, run: RunContext, reason: StopReason) -> None:
         # a pruned trial is never resumed; non-finite weights are not worth resuming from
-        if self.writer is None or not self.settings.on_stop or reason in _NO_SAVE_ON:
+        if self.writer is None or not self.settings.on_stop or str(reason) in _NO_SAVE_ON:
             return
         self.writer.wait()
         self._report(run, self.writer.completed())
@@ -127,7 +132,7 @@ class Checkpointer(Component):
             return
         self.save(run, f"stop:{reason}", synchronous=True)
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         if self.writer is not None:
             self.writer.wait()
             self._report(run, self.writer.completed())
@@ -136,7 +141,7 @@ class Checkpointer(Component):
             run.record_event("checkpoint", "not_restored", f"the checkpoint holds {missing} but "
                              "the script never attached it: attach it with run.attach(...)")
 
-    def save(self, run: Run, reason: str, synchronous: bool = False) -> None:
+    def save(self, run: RunContext, reason: str, synchronous: bool = False) -> None:
         """Checkpoint the run now (a snapshot; written in the background unless synchronous)."""
         assert self.writer is not None
         if self.read_only:
@@ -149,15 +154,16 @@ class Checkpointer(Component):
                 "reason": reason}
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous)
+        self._writing = self._writing or result is None
         run.emit(Event.CHECKPOINT_TAKEN, state.step)
         if result is not None:
             self._report(run, [result])
 
-    def _at_saved_position(self, run: Run) -> bool:
+    def _at_saved_position(self, run: RunContext) -> bool:
         state = run.state
         return self._last_position == (state.step, state.epoch, state.batches_in_epoch)
 
-    def _report(self, run: Run, results: list[SaveResult]) -> None:
+    def _report(self, run: RunContext, results: list[SaveResult]) -> None:
         for result in results:
             if result.error is not None:
                 message = (f"checkpoint at step {result.step} failed: {result.error}; the previous "
@@ -179,7 +185,7 @@ class Checkpointer(Component):
             run.emit(Event.CHECKPOINT_SAVED, result.path)
 
 
-def _default_location(run: Run) -> str:
+def _default_location(run: RunContext) -> str:
     if os.environ.get("SM_TRAINING_ENV") and os.path.isdir(SAGEMAKER_CHECKPOINTS):
         return f"{SAGEMAKER_CHECKPOINTS}/{run.id}"
     return str(run.run_dir / "checkpoints")

@@ -35,11 +35,13 @@ from prudent.events import Component
 from prudent.units import parse_duration_s
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["CostMeter"]
 
 log = logging.getLogger("prudent.cost")
+_NO_DEADLINE = math.inf
 
 
 class CostMeter(Component):
@@ -76,7 +78,7 @@ class CostMeter(Component):
         return self.prior_usd + self.hourly_usd * self.attempt_s() / 3600
 
     # events -------------------------------------------------------------------------------
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         catalog = load_catalog(self.settings.catalog_file)
         self.settings, detected = with_detected(self.settings, run.settings.preemption, catalog)
         if detected:
@@ -98,12 +100,12 @@ class CostMeter(Component):
             if run.store is not None:
                 self._start_updates(run)
 
-    def _start_updates(self, run: Run) -> None:
+    def _start_updates(self, run: RunContext) -> None:
         self._thread = threading.Thread(target=self._update_store, args=(run,), daemon=True,
                                         name="prudent-cost-meter")
         self._thread.start()
 
-    def _arm(self, run: Run, policy: PolicySettings) -> None:
+    def _arm(self, run: RunContext, policy: PolicySettings) -> None:
         """Earlier attempts, the limits, and the deadline of the soonest one."""
         self.prior_usd, self.prior_s, self.attempts = _prior_attempts(run)
         spend = project_spend(run.store, exclude=run.id) if run.store is not None else Spend()
@@ -115,20 +117,22 @@ class CostMeter(Component):
         first = self.limits[0].seconds_left - margin_s if self.limits else math.inf
         self._deadline = self._t0 + first
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
+        if self._deadline == _NO_DEADLINE:
+            return  # no limit to keep (or the run is stopping): nothing to time
         now = self.clock()
         step_s, self._last_check = max(0.0, now - self._last_check), now
         if now + 2 * step_s >= self._deadline:  # the next steps would run past the limit
             self._limit_reached(run)
 
-    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         if self.clock() >= self._deadline:
             self._limit_reached(run)
 
-    def on_epoch_end(self, run: Run, epoch: int) -> None:
+    def on_epoch_end(self, run: RunContext, epoch: int) -> None:
         self.on_log(run, {})
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         if self._t0 is None:
             return  # on_start failed: nothing was metered
         self._done.set()
@@ -188,7 +192,7 @@ class CostMeter(Component):
                 f"{'s' * (b['attempts'] != 1)}; this one ${b['attempt_usd']:.2f} for "
                 f"{b['attempt_s'] / 60:.1f} min at ${self.hourly_usd:.2f}/h){saved}")
 
-    def _limit_reached(self, run: Run) -> None:
+    def _limit_reached(self, run: RunContext) -> None:
         self._deadline = math.inf  # once: the run is stopping
         limit = self.limits[0]
         total_s = self.prior_s + self.attempt_s()
@@ -198,11 +202,11 @@ class CostMeter(Component):
         self._say(run, message)
         run.request_stop(limit.reason, message)
 
-    def _say(self, run: Run, text: str) -> None:
+    def _say(self, run: RunContext, text: str) -> None:
         if not self.quiet:
             print(f"prudent | {run.id} | {text}", file=self.stream, flush=True)
 
-    def _update_store(self, run: Run) -> None:
+    def _update_store(self, run: RunContext) -> None:
         failures = 0
         while not self._done.wait(self.settings.update_interval_s):
             total = run.gauges["cost_usd"] = self.total_usd()
@@ -214,7 +218,7 @@ class CostMeter(Component):
                     log.warning("prudent could not store the run's cost (%s); training goes on", exc)
 
 
-def _progress(run: Run) -> dict[str, int | None]:
+def _progress(run: RunContext) -> dict[str, int | None]:
     """Steps done and planned (epochs x batches per epoch, when the loader has a length): the
     bill projects what a run stopped early would have cost to the end."""
     state = run.state
@@ -223,7 +227,7 @@ def _progress(run: Run) -> dict[str, int | None]:
     return {"steps_done": state.step, "planned_steps": planned}
 
 
-def _prior_attempts(run: Run) -> tuple[float, float, int]:
+def _prior_attempts(run: RunContext) -> tuple[float, float, int]:
     """Dollars and seconds of this run id's earlier attempts, and this attempt's number.
 
     Dollars come from the stored ``cost_usd`` (updated while they ran); seconds from each

@@ -35,15 +35,18 @@ from prudent.events import Component
 from prudent.rng import capture_rng
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["FailureCapture", "capture_folder"]
 
 # requests of these reasons describe the same failure as the first non-finite step
 _SAME_FAILURE = {"rule:non_finite": "non_finite"}
+_NO_GRADS: tuple[str, ...] = ()  # a step's non-finite gradients, until one is found
+_DEFAULT_GENERATOR = torch.default_generator
 
 
-def capture_folder(run: Run) -> Path:
+def capture_folder(run: RunContext) -> Path:
     return run.run_dir / "captures"
 
 
@@ -66,9 +69,9 @@ class FailureCapture(Component):
         self._batch: Any = None
         self._indices: list[Any] | None = None
         self._epoch_batches: IndexedBatches | None = None
-        self._rng: dict[str, Any] | None = None
+        self._rng: tuple[Any, Any] | None = None  # (CPU generator clone, CUDA states)
         self._loss: Any = None
-        self._bad_grads: list[str] = []
+        self._bad_grads: list[str] | tuple[str, ...] = _NO_GRADS
         self._phase = "setup"  # setup | forward | after_backward | step_end
         self._position = (0, 0)
         self._loop_thread: int | None = None
@@ -76,11 +79,11 @@ class FailureCapture(Component):
         self._rank = ranks_from_env()
 
     # events -------------------------------------------------------------------------------
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         self._loop_thread = threading.get_ident()
         run.wrap_batches(self._record_indices)
 
-    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+    def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         seen = {id(p) for _, p in self._params}
         modules = [k for k, o in objects.items() if isinstance(o, torch.nn.Module)]
         for key, obj in objects.items():
@@ -96,14 +99,16 @@ class FailureCapture(Component):
         self._epoch_batches = IndexedBatches(iterator)
         return self._epoch_batches
 
-    def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None:
+    def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
         self._batch, self._rng, self._phase = batch, _step_rng(), "forward"
         # raw: turned into ints only if this step is captured
-        self._indices = self._epoch_batches.raw_indices if self._epoch_batches is not None else None
-        self._loss, self._bad_grads = None, []
-        self._position = (run.state.epoch, run.state.batches_in_epoch)
+        batches = self._epoch_batches
+        self._indices = batches.raw_indices if batches is not None else None
+        self._loss, self._bad_grads = None, _NO_GRADS
+        state = run.state
+        self._position = (state.epoch, state.batches_in_epoch)
 
-    def on_after_backward(self, run: Run, loss: Any) -> None:
+    def on_after_backward(self, run: RunContext, loss: Any) -> None:
         self._phase = "after_backward"
         self._loss = loss  # detached only if a bundle is written
         if not self._check_loss or "non_finite" in self._kinds_done:
@@ -112,7 +117,7 @@ class FailureCapture(Component):
         if problem is not None:
             self._capture(run, "non_finite", problem)
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         no_backward = self._phase == "forward"  # the loop called loss.backward() itself
         self._phase = "step_end"
         if no_backward and self._check_loss and "non_finite" not in self._kinds_done:
@@ -125,7 +130,7 @@ class FailureCapture(Component):
                                   "does not call run.backward, so after the update)")
         self._take_pending(run)
 
-    def on_capture_requested(self, run: Run, reason: str, message: str,
+    def on_capture_requested(self, run: RunContext, reason: str, message: str,
                              error: BaseException | None) -> None:
         if not self.settings.capture or (error is not None and not self.settings.on_error):
             return
@@ -134,17 +139,19 @@ class FailureCapture(Component):
             return
         self._capture(run, reason, message, error)
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         self._take_pending(run)
 
-    def _take_pending(self, run: Run) -> None:
+    def _take_pending(self, run: RunContext) -> None:
         while self._pending:
             reason, message = self._pending.pop(0)
             self._capture(run, reason, message)
 
     # detection ----------------------------------------------------------------------------
-    def _non_finite(self, run: Run, loss: Any) -> str | None:
+    def _non_finite(self, run: RunContext, loss: Any) -> str | None:
         value = run.host_scalar(loss)  # a CPU loss read once for every component that asks
+        if value.__class__ is float and value - value == 0.0 and not self._check_gradients:
+            return None  # the common step: a finite number (inf - inf and NaN are NaN)
         if isinstance(value, torch.Tensor):  # on a device, or more than one number
             value = value.detach()
             if not value.is_cpu and not self._check_on_device:
@@ -163,7 +170,7 @@ class FailureCapture(Component):
         return f"gradients are not finite in {names} (loss {_scalar(value)})"
 
     # writing ------------------------------------------------------------------------------
-    def _capture(self, run: Run, reason: str, message: str,
+    def _capture(self, run: RunContext, reason: str, message: str,
                  error: BaseException | None = None) -> None:
         """Write one bundle; never raises (a failing capture must not hide the failure)."""
         kind = _SAME_FAILURE.get(reason, reason)
@@ -183,13 +190,14 @@ class FailureCapture(Component):
             run.record_event("capture", "failed", text)
             self._say(run, f"warning: {text}")
 
-    def _write(self, run: Run, kind: str, reason: str, message: str,
+    def _write(self, run: RunContext, kind: str, reason: str, message: str,
                error: BaseException | None) -> None:
         in_step = self._phase in ("forward", "after_backward")
         step = run.state.step + 1 if in_step else run.state.step
         info = self._info(run, step, in_step, reason, message, error)
         name = f"step-{step}" + (f"-rank{self._rank.rank}" if self._rank.is_distributed else "")
-        run_state = {"state": run.state.state_dict(), "rng": self._rng or capture_rng(),
+        run_state = {"state": run.state.state_dict(),
+                     "rng": _rng_dict(self._rng) if self._rng else capture_rng(),
                      "loss": self._loss.detach() if isinstance(self._loss, torch.Tensor)
                      else None}
         objects = {k: state_of(v) for k, v in run.objects.items()}
@@ -199,7 +207,7 @@ class FailureCapture(Component):
         self._kinds_done[kind] = written.path
         self._announce(run, info, written)
 
-    def _info(self, run: Run, step: int, in_step: bool, reason: str, message: str,
+    def _info(self, run: RunContext, step: int, in_step: bool, reason: str, message: str,
               error: BaseException | None) -> dict[str, Any]:
         rows = non_finite_rows(self._batch) if self._batch is not None else {}
         indices = index_list(self._indices)
@@ -212,14 +220,14 @@ class FailureCapture(Component):
             "phase": self._phase,
             "state_when": "before_update" if in_step else "after_update",
             "loss": _scalar(self._loss) if self._loss is not None else None,
-            "non_finite_grads": self._bad_grads, "sample_indices": indices,
+            "non_finite_grads": list(self._bad_grads), "sample_indices": indices,
             "offending": offending, "error": f"{type(error).__name__}: {error}" if error else None,
             "traceback": user_traceback(error), "config": run.config,
             "settings": run.settings.model_dump(mode="json"), "rank": self._rank.rank,
             "model_devices": sorted({str(p.device) for _, p in self._params}),
             "git": git_state(), **environment()}
 
-    def _announce(self, run: Run, info: dict[str, Any], written: Any) -> None:
+    def _announce(self, run: RunContext, info: dict[str, Any], written: Any) -> None:
         where = _relative(written.path)
         samples = [o["sample_index"] for o in info["offending"]]
         rows = [o["row"] for o in info["offending"]]
@@ -240,19 +248,29 @@ class FailureCapture(Component):
                    else "python train.py")
         self._say(run, f"capture: {text}\n  reproduce it: prudent replay {where} -- {command}")
 
-    def _say(self, run: Run, text: str) -> None:
+    def _say(self, run: RunContext, text: str) -> None:
         if self.quiet:
             return
         print(f"prudent | {run.id} | {text}", file=self.stream or sys.stderr, flush=True)
 
 
-def _step_rng() -> dict[str, Any]:
+def _step_rng() -> tuple[Any, Any]:
     """The generators a step's own computation draws from (dropout and the like): torch's CPU
     and CUDA ones. Python's and NumPy's are left out: reading NumPy's costs ~0.2 ms a step, and
-    a loop draws from them in the data loader, before the batch arrives, not in the step."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_initialized():  # is_available() alone costs ~10 us on a CPU-only build
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    a loop draws from them in the data loader, before the batch arrives, not in the step.
+
+    Taken on every batch, so as cheaply as it can be: a clone of the CPU generator (~2 us less
+    than ``get_rng_state()``'s new tensor), turned into a state tensor only for a bundle."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return _DEFAULT_GENERATOR.clone_state(), cuda  # is_available() costs ~10 us on a CPU build
+
+
+def _rng_dict(rng: tuple[Any, Any]) -> dict[str, Any]:
+    """A step's generators as :func:`prudent.rng.restore_rng` takes them."""
+    cpu, cuda = rng
+    state: dict[str, Any] = {"torch": cpu.get_state()}
+    if cuda is not None:
+        state["cuda"] = cuda
     return state
 
 

@@ -25,7 +25,8 @@ from prudent.events import Component
 
 if TYPE_CHECKING:
     from prudent.monitor.settings import MonitorSettings
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["CUBLAS_WORKSPACE", "DebugMode", "capture_on_every_rule"]
 
@@ -53,7 +54,7 @@ class DebugMode(Component):
         self._previous: tuple[bool, bool, bool] | None = None
         self._started = time.monotonic()
 
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         self._previous = (torch.is_anomaly_enabled(), torch.are_deterministic_algorithms_enabled(),
                           torch.is_deterministic_algorithms_warn_only_enabled())
         with warnings.catch_warnings():
@@ -65,38 +66,38 @@ class DebugMode(Component):
         self._log(run, "start", "debug mode: anomaly detection on, deterministic algorithms on "
                   "(warn only), a capture on every rule firing, every event logged")
 
-    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+    def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         described = ", ".join(f"{k}={type(v).__name__}" for k, v in objects.items())
         self._log(run, "attach", described)
 
-    def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None:
+    def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
         self._log(run, "batch_loaded", f"epoch {run.state.epoch + 1} batch "
                   f"{run.state.batches_in_epoch}: {describe_batch(batch)}; waited "
                   f"{wait_s * 1000:.1f} ms")
 
-    def on_after_backward(self, run: Run, loss: Any) -> None:
+    def on_after_backward(self, run: RunContext, loss: Any) -> None:
         self._log(run, "after_backward", f"loss {_value(loss)}")
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         self._log(run, "step_end", " ".join(f"{k}={_value(v)}" for k, v in metrics.items()))
 
-    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self._log(run, "log", " ".join(f"{k}={v:.6g}" for k, v in metrics.items()))
 
-    def on_epoch_end(self, run: Run, epoch: int) -> None:
+    def on_epoch_end(self, run: RunContext, epoch: int) -> None:
         self._log(run, "epoch_end", f"epoch {epoch + 1} done")
 
-    def on_checkpoint_saved(self, run: Run, path: str) -> None:
+    def on_checkpoint_saved(self, run: RunContext, path: str) -> None:
         self._log(run, "checkpoint_saved", path)
 
-    def on_stop_requested(self, run: Run, reason: str, message: str) -> None:
-        self._log(run, "stop_requested", f"{reason}: {message}")
+    def on_stop_requested(self, run: RunContext, reason: StopReason) -> None:
+        self._log(run, "stop_requested", f"{reason}: {reason.message}")
 
-    def on_capture_requested(self, run: Run, reason: str, message: str,
+    def on_capture_requested(self, run: RunContext, reason: str, message: str,
                              error: BaseException | None) -> None:
         self._log(run, "capture_requested", f"{reason}: {message}")
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         self._log(run, "end", f"{status}" + (f" ({stop_reason})" if stop_reason else ""))
         if self._previous is not None:
             anomaly, deterministic, warn_only = self._previous
@@ -104,7 +105,7 @@ class DebugMode(Component):
             torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
             self._previous = None
 
-    def _log(self, run: Run, event: str, text: str) -> None:
+    def _log(self, run: RunContext, event: str, text: str) -> None:
         elapsed = time.monotonic() - self._started
         print(f"prudent debug | {elapsed:8.3f}s | step {run.state.step} | {event}: {text}",
               file=self.stream or sys.stderr, flush=True)

@@ -1,15 +1,15 @@
 """Replay components: what runs inside the user's unchanged script under ``prudent replay``.
 
-``BundleReplay`` (``PRUDENT_REPLAY=<bundle>``): restores the captured objects when they are
+``BundleReplay`` (a bundle in the launch spec): restores the captured objects when they are
 attached (a model with other keys is refused, naming them), feeds the captured batch as the only
 batch of the loop with the RNG as it was, lets the step run, reports what it saw (loss, bits,
 non-finite gradients, the first layer whose output was not finite, the offending samples) to
 ``<run folder>/replay.json`` and stops the script.
 
-``StepReplay`` (``PRUDENT_REPLAY_STEP=S``): the run was resumed from a checkpoint before step S
+``StepReplay`` (a step S in the launch spec): the run was resumed from a checkpoint before step S
 (prepared by the command); it trains on to step S, reports it the same way and stops.
 
-``PRUDENT_REPLAY_PDB=1``: stop in the debugger at the failure: after ``run.backward`` of the
+``prudent replay --pdb``: stop in the debugger at the failure: after ``run.backward`` of the
 step in the user's own frame, or post mortem on the exception the step raised.
 """
 
@@ -33,30 +33,30 @@ from prudent.debug.probe import (
     non_finite_grads,
     non_finite_rows,
 )
+from prudent.stop import StopKind, StopReason
 from prudent.errors import ConfigError
 from prudent.events import Component
+from prudent.launch import ENV_REPLAY, ENV_REPLAY_PDB, ENV_REPLAY_STEP, LaunchSpec
 from prudent.rng import restore_rng
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["ENV_REPLAY", "ENV_REPLAY_PDB", "ENV_REPLAY_STEP", "REPORT_FILE", "BundleReplay",
            "StepReplay", "replay_from_env"]
 
-ENV_REPLAY = "PRUDENT_REPLAY"
-ENV_REPLAY_STEP = "PRUDENT_REPLAY_STEP"
-ENV_REPLAY_PDB = "PRUDENT_REPLAY_PDB"
 REPORT_FILE = "replay.json"
 STOP_REASON = "replay"
 
 
 def replay_from_env() -> Component | None:
     """The replay component this process was launched for, if any."""
-    use_pdb = os.environ.get(ENV_REPLAY_PDB, "") not in ("", "0")
-    if os.environ.get(ENV_REPLAY):
-        return BundleReplay(os.environ[ENV_REPLAY], use_pdb)
-    if os.environ.get(ENV_REPLAY_STEP):
-        return StepReplay(int(os.environ[ENV_REPLAY_STEP]), use_pdb)
+    replay = LaunchSpec.from_env().replay
+    if replay is not None and replay.bundle:
+        return BundleReplay(replay.bundle, replay.pdb)
+    if replay is not None and replay.step is not None:
+        return StepReplay(replay.step, replay.pdb)
     return None
 
 
@@ -75,19 +75,19 @@ class _Replay(Component):
         self._batch: Any = None
         self._indices: list[Any] | None = None
 
-    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+    def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         modules = {k: o for k, o in objects.items() if isinstance(o, torch.nn.Module)}
         self._modules.update(modules)
         for key, module in modules.items():
             self._params += [(n if len(modules) == 1 else f"{key}.{n}", p)
                              for n, p in module.named_parameters() if p.requires_grad]
 
-    def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None:
+    def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
         if run.state.step + 1 == self.target:
             self._batch = batch
             self._probe = ForwardProbe(self._modules, batch_size_of(batch))
 
-    def on_after_backward(self, run: Run, loss: Any) -> None:
+    def on_after_backward(self, run: RunContext, loss: Any) -> None:
         if run.state.step + 1 != self.target or self.report is not None:
             return
         self.report = self._observe(run, loss, None)
@@ -97,7 +97,7 @@ class _Replay(Component):
                                 "you are after run.backward(loss) in your loop")
         run.request_stop(STOP_REASON, f"replayed step {self.target}")
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         if run.state.step >= self.target and self.report is None:
             if run.state.step == self.target:  # a loop without run.backward: judge run.step's loss
                 self.report = self._observe(run, metrics.get("loss"), None, note=(
@@ -109,7 +109,7 @@ class _Replay(Component):
             self._print(run)
             run.request_stop(STOP_REASON, f"replayed step {self.target}")
 
-    def on_capture_requested(self, run: Run, reason: str, message: str,
+    def on_capture_requested(self, run: RunContext, reason: str, message: str,
                              error: BaseException | None) -> None:
         if error is None or isinstance(error, SystemExit) or self.report is not None:
             return
@@ -119,7 +119,7 @@ class _Replay(Component):
             print(f"prudent replay: post mortem of {type(error).__name__}: {error}", flush=True)
             pdb.post_mortem(error.__traceback__)
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         if self._probe is not None:
             self._probe.remove()
         if self.report is None:
@@ -129,7 +129,7 @@ class _Replay(Component):
         (run.run_dir / REPORT_FILE).write_text(json.dumps(self.report, indent=1, default=str))
 
     # observing ----------------------------------------------------------------------------
-    def _observe(self, run: Run, loss: Any, error: BaseException | None,
+    def _observe(self, run: RunContext, loss: Any, error: BaseException | None,
                  note: str | None = None) -> dict[str, Any]:
         if self._probe is not None:
             self._probe.remove()
@@ -161,14 +161,14 @@ class _Replay(Component):
         return [{"row": row, "sample_index": indices[row] if indices and row < len(indices)
                  else None, "why": why} for row, why in sorted(found.items())]
 
-    def _base(self, run: Run) -> dict[str, Any]:
+    def _base(self, run: RunContext) -> dict[str, Any]:
         return {"step": self.target, "epoch": run.state.epoch, "run_id": run.id,
                 "device": _devices(self._modules)}
 
     def _compare(self, report: dict[str, Any]) -> dict[str, Any]:
         return {"summary": _summary(report)}
 
-    def _print(self, run: Run) -> None:
+    def _print(self, run: RunContext) -> None:
         assert self.report is not None
         print(f"prudent replay | step {self.target} | {self.report['summary']}", file=sys.stderr,
               flush=True)
@@ -185,7 +185,7 @@ class BundleReplay(_Replay):
         self._run: Any = None
         self._fed = False
 
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         self._run = run
         try:
             self.bundle = read_bundle(self.path)
@@ -204,7 +204,7 @@ class BundleReplay(_Replay):
         run.state.step, run.state.epoch = self.target - 1, int(info.get("epoch", 0))
         run.wrap_batches(self._feed)
 
-    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+    def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         super().on_attach(run, objects)
         assert self.bundle is not None
         captured = set(self.bundle.info.get("objects", []))
@@ -222,7 +222,7 @@ class BundleReplay(_Replay):
                 _refuse(run, f"cannot restore {key!r} from capture bundle {self.path}: {problem}")
             self._restored.add(key)
 
-    def _left_out(self, run: Run, key: str, obj: Any) -> None:
+    def _left_out(self, run: RunContext, key: str, obj: Any) -> None:
         if isinstance(obj, torch.nn.Module):
             _refuse(run, f"capture bundle {self.path} does not hold {key!r} (left out: over "
                     "max_bytes), so the step cannot be replayed: raise debug.max_bytes, or "
@@ -286,14 +286,14 @@ class StepReplay(_Replay):
         self.target = target
         self._epoch_batches: IndexedBatches | None = None
 
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         run.wrap_batches(self._record_indices)
 
     def _record_indices(self, iterator: Any) -> Any:
         self._epoch_batches = IndexedBatches(iterator)
         return self._epoch_batches
 
-    def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None:
+    def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
         if self._epoch_batches is not None:
             self._indices = self._epoch_batches.indices
         super().on_batch_loaded(run, batch, wait_s)
@@ -390,10 +390,10 @@ def _break_in_user_code(message: str) -> None:
     debugger.set_until(frame)
 
 
-def _refuse(run: Run, message: str) -> NoReturn:
+def _refuse(run: RunContext, message: str) -> NoReturn:
     """Bad input: one line naming the fix, the run recorded as failed, exit code 2."""
     if not run.exit_on_stop:
         raise ConfigError(message)
     print(f"prudent: error: {message}", file=sys.stderr, flush=True)
-    run._finish("failed", "error", message)
+    run.finish("failed", StopReason(StopKind.ERROR, None, message), message)
     raise SystemExit(2)

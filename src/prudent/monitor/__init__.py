@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from prudent.lazy import lazy_exports
+
 __all__ = [
     "Finding",
     "Monitor",
@@ -28,7 +30,15 @@ __all__ = [
     "unregister_rule",
 ]
 
-from prudent.monitor.base import Finding, Rule, RuleSettings, Window
-from prudent.monitor.monitor import Monitor
-from prudent.monitor.registry import register_rule, rule, unregister_rule
-from prudent.monitor.settings import MonitorSettings
+_EXPORTS = {
+    "Finding": "prudent.monitor.base",
+    "Monitor": "prudent.monitor.monitor",
+    "MonitorSettings": "prudent.monitor.settings",
+    "Rule": "prudent.monitor.base",
+    "RuleSettings": "prudent.monitor.base",
+    "Window": "prudent.monitor.base",
+    "register_rule": "prudent.monitor.registry",
+    "rule": "prudent.monitor.registry",
+    "unregister_rule": "prudent.monitor.registry",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)

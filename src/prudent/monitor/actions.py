@@ -13,7 +13,7 @@ from prudent.monitor.base import Finding
 from prudent.monitor.settings import ActionSettings, ReduceLRSettings
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
 
 __all__ = ["ACTIONS", "Action", "AlertAction", "CaptureAction", "Firing", "PruneAction",
            "ReduceLRAction", "StopAction", "build_actions"]
@@ -39,7 +39,7 @@ class Action:
 
     name: ClassVar[str] = "action"
 
-    def apply(self, run: Run, firing: Firing) -> str:
+    def apply(self, run: RunContext, firing: Firing) -> str:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -55,7 +55,7 @@ class StopAction(Action):
 
     name = "stop"
 
-    def apply(self, run: Run, firing: Firing) -> str:
+    def apply(self, run: RunContext, firing: Firing) -> str:
         run.request_stop(f"rule:{firing.rule}", firing.finding.message)
         return "stopping the run"
 
@@ -65,7 +65,7 @@ class PruneAction(Action):
 
     name = "prune"
 
-    def apply(self, run: Run, firing: Firing) -> str:
+    def apply(self, run: RunContext, firing: Firing) -> str:
         run.request_stop("pruned", f"rule {firing.rule}: {firing.finding.message}")
         return "pruning the trial"
 
@@ -75,7 +75,7 @@ class AlertAction(Action):
 
     name = "alert"
 
-    def apply(self, run: Run, firing: Firing) -> str:
+    def apply(self, run: RunContext, firing: Firing) -> str:
         return "alert only"
 
 
@@ -86,7 +86,7 @@ class CaptureAction(Action):
 
     name = "capture"
 
-    def apply(self, run: Run, firing: Firing) -> str:
+    def apply(self, run: RunContext, firing: Firing) -> str:
         run.record_event("capture_requested", firing.rule, firing.finding.message,
                          step=firing.detected_at, reason=f"rule:{firing.rule}",
                          finding_step=firing.finding.step)
@@ -105,7 +105,7 @@ class ReduceLRAction(Action):
         self.settings = settings or ReduceLRSettings()
         self.last_step: int | None = None
 
-    def apply(self, run: Run, firing: Firing) -> str:
+    def apply(self, run: RunContext, firing: Firing) -> str:
         s, step = self.settings, firing.detected_at
         if self.last_step is not None and step - self.last_step < s.cooldown_steps:
             return f"reduce_lr in cooldown (reduced at step {self.last_step})"

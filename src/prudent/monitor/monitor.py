@@ -29,7 +29,8 @@ from prudent.monitor.watchdog import StallWatchdog, dump_stacks
 from prudent.monitor.webhook import WebhookSender
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["Monitor", "build_rules"]
 
@@ -67,7 +68,7 @@ class Monitor(Component):
         self._loss_key = self.settings.loss_key
 
     # events -------------------------------------------------------------------------------
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         url = self.settings.actions.alert.url()
         if url:
             self._webhook = WebhookSender(url, self.settings.actions.alert.timeout_s,
@@ -76,29 +77,29 @@ class Monitor(Component):
         if "stalled" in self.rules:
             self._start_watchdog(run)
 
-    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+    def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         self.stats.attach(objects)
 
-    def on_after_backward(self, run: Run, loss: Any) -> None:
+    def on_after_backward(self, run: RunContext, loss: Any) -> None:
         step = run.state.step + 1
         if step >= self.stats.backward_due:  # the hot path: most steps have nothing to measure
             self.stats.after_backward(step)
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         if self.stats.step_end(run.state.step, run.host_scalar(metrics.get(self._loss_key))):
             started = time.perf_counter()
             self.check(run)
             self.stats.check_took(time.perf_counter() - started)
 
-    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self._num_logs += 1  # progress, for the watchdog
         self.check(run, metrics)
 
-    def on_stop_requested(self, run: Run, reason: str, message: str) -> None:
+    def on_stop_requested(self, run: RunContext, reason: StopReason) -> None:
         if self._watchdog is not None:
             self._watchdog.unwinding = True  # the loop reached its stop check by itself
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         self._stop_watchdog()
         try:
             self.check(run)  # the last steps' findings are recorded, even if nothing can act
@@ -123,7 +124,7 @@ class Monitor(Component):
         self.stats.peak_lr = state.get("peak_lr")
 
     # judging ------------------------------------------------------------------------------
-    def check(self, run: Run, logged: dict[str, float] | None = None) -> list[Firing]:
+    def check(self, run: RunContext, logged: dict[str, float] | None = None) -> list[Firing]:
         """Run every rule on the statistics gathered since the last check; act on findings."""
         window = self.stats.take_window()
         self._count_train_loss(window)
@@ -135,7 +136,7 @@ class Monitor(Component):
             self.fire(run, firing)
         return firings
 
-    def _findings(self, run: Run, window: Window) -> list[tuple[str, Finding]]:
+    def _findings(self, run: RunContext, window: Window) -> list[tuple[str, Finding]]:
         found = []
         present = window.present()
         for name, rule in list(self.rules.items()):
@@ -152,7 +153,7 @@ class Monitor(Component):
                 found.append((name, finding))
         return found
 
-    def fire(self, run: Run, firing: Firing) -> None:
+    def fire(self, run: RunContext, firing: Firing) -> None:
         """Announce a firing and run its rule's actions (unless the rule is cooling down)."""
         rule = self.rules.get(firing.rule)
         if rule is None or firing.detected_at < self._muted_until.get(firing.rule, -1):
@@ -163,7 +164,7 @@ class Monitor(Component):
         self.firings.append(firing)
         self._announce(run, firing, names, outcome)
 
-    def _announce(self, run: Run, firing: Firing, actions: list[str], outcome: str) -> None:
+    def _announce(self, run: RunContext, firing: Firing, actions: list[str], outcome: str) -> None:
         f = firing.finding
         run.record_event("rule", firing.rule, f.message, step=f.step, value=_number(f.value),
                          threshold=_number(f.threshold), action=actions, outcome=outcome,
@@ -189,7 +190,7 @@ class Monitor(Component):
         return total / count if count else None
 
     # the stalled rule ---------------------------------------------------------------------
-    def _start_watchdog(self, run: Run) -> None:
+    def _start_watchdog(self, run: RunContext) -> None:
         s = self.rules["stalled"].settings
         self._watchdog = StallWatchdog(
             timeout_s=s.timeout_s, startup_timeout_s=s.startup_timeout_s,  # type: ignore[attr-defined]
@@ -202,7 +203,7 @@ class Monitor(Component):
         self._install_wake_handler()
         self._watchdog.start()
 
-    def _on_stall(self, run: Run, idle_s: float, started: bool) -> bool:
+    def _on_stall(self, run: RunContext, idle_s: float, started: bool) -> bool:
         rule = self.rules.get("stalled")
         finding = rule.check_idle(idle_s, run.state.step, started) if rule else None  # type: ignore[attr-defined]
         if finding is None:
@@ -238,7 +239,7 @@ class Monitor(Component):
 
             _thread.interrupt_main()  # no handler of ours: a KeyboardInterrupt, once Python runs
 
-    def _hard_exit(self, run: Run) -> None:
+    def _hard_exit(self, run: RunContext) -> None:
         if not run.exit_on_stop:
             return  # a notebook's kernel is never killed
         reason = run.stop_requested or "rule:stalled"

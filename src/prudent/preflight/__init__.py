@@ -7,6 +7,12 @@ checklist; ``projection`` estimates the full run's time and cost; ``report`` pri
 
 from __future__ import annotations
 
+from prudent.lazy import lazy_exports
+
 __all__ = ["PreflightProbe", "ProbeSettings"]
 
-from prudent.preflight.probe import PreflightProbe, ProbeSettings
+_EXPORTS = {
+    "PreflightProbe": "prudent.preflight.probe",
+    "ProbeSettings": "prudent.preflight.probe",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)

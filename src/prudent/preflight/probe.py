@@ -1,6 +1,6 @@
 """PreflightProbe: the component that watches a smoke run from inside the user's process.
 
-It is plugged in only in smoke mode (``PRUDENT_SMOKE``, set by ``prudent preflight``) and
+It is plugged in only in smoke mode (set by ``prudent preflight`` in the launch spec) and
 steers the loop through ``run.wrap_batches``: in ``smoke`` mode a few batches per epoch (in the
 first epoch the rest of the data is scanned for non-finite values and its last batch is
 trained on too, so a smaller last batch is exercised); in ``overfit`` mode the first batch again
@@ -21,23 +21,19 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prudent.events import Component
+from prudent.launch import LaunchSpec, PreflightSpec
 from prudent.preflight import structure
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
-__all__ = ["ENV_MODE", "ENV_OUT", "ENV_STEPS", "ENV_STOP_AT", "OVERFIT_FACTOR", "PreflightProbe",
-           "ProbeSettings"]
+__all__ = ["OVERFIT_FACTOR", "PreflightProbe", "ProbeSettings"]
 
-ENV_MODE = "PRUDENT_PREFLIGHT_MODE"
-ENV_STEPS = "PRUDENT_PREFLIGHT_STEPS"
-ENV_STOP_AT = "PRUDENT_PREFLIGHT_STOP_AT"
-ENV_OUT = "PRUDENT_PREFLIGHT_OUT"
-ENV_OVERFIT_STEPS = "PRUDENT_PREFLIGHT_OVERFIT_STEPS"
-ENV_SCAN_S = "PRUDENT_PREFLIGHT_SCAN_S"
+_T = TypeVar("_T")
 _MAX_SIGNATURES = 8
 OVERFIT_FACTOR = 10.0  # the loss on one repeated batch must fall at least this much
 _MIN_OVERFIT_STEPS = 10
@@ -45,7 +41,7 @@ _MIN_OVERFIT_STEPS = 10
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """What ``prudent preflight`` asks of one smoke process (passed as PRUDENT_PREFLIGHT_*)."""
+    """What ``prudent preflight`` asks of one smoke process (its launch spec's preflight)."""
 
     mode: str = "smoke"  # smoke: a few batches per epoch; overfit: the first batch repeated
     steps: int = 8  # batches trained per epoch in smoke mode
@@ -57,12 +53,11 @@ class ProbeSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ProbeSettings:
-        env = os.environ if environ is None else environ
-        stop_at = env.get(ENV_STOP_AT)
-        return cls(mode=env.get(ENV_MODE, "smoke"), steps=max(1, int(env.get(ENV_STEPS, 8))),
-                   stop_at=int(stop_at) if stop_at else None, out=env.get(ENV_OUT) or None,
-                   overfit_steps=max(2, int(env.get(ENV_OVERFIT_STEPS, 300))),
-                   scan_s=float(env.get(ENV_SCAN_S, 20.0)))
+        asked = LaunchSpec.from_env(environ).preflight or PreflightSpec()
+        return cls(mode=asked.mode or cls.mode, steps=max(1, _given(asked.steps, cls.steps)),
+                   stop_at=asked.stop_at, out=asked.out,
+                   overfit_steps=max(2, _given(asked.overfit_steps, cls.overfit_steps)),
+                   scan_s=_given(asked.scan_s, cls.scan_s))
 
 
 class PreflightProbe(Component):
@@ -92,13 +87,12 @@ class PreflightProbe(Component):
     @classmethod
     def build(cls, environ: Mapping[str, str] | None = None) -> PreflightProbe | None:
         """A probe when the process runs in smoke mode, else None."""
-        env = os.environ if environ is None else environ
-        if env.get("PRUDENT_SMOKE", "") in ("", "0"):
+        if not LaunchSpec.from_env(environ).smoke:
             return None
-        return cls(ProbeSettings.from_env(env))
+        return cls(ProbeSettings.from_env(environ))
 
     # events -------------------------------------------------------------------------------
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         out = self.settings.out or str(run.run_dir / f"preflight-{self.settings.mode}.json")
         self._out = Path(out)
         self.record.update(run_id=run.id, started_at=time.time())
@@ -106,7 +100,7 @@ class PreflightProbe(Component):
                          else self._smoke(run, it))
         self._write()  # the runner learns that the script called prudent.init()
 
-    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+    def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         import torch
 
         for key, obj in objects.items():
@@ -116,7 +110,7 @@ class PreflightProbe(Component):
                 self._optimizers.append(obj)
                 self._hooks.append(obj.register_step_post_hook(self._optimizer_stepped))
 
-    def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None:
+    def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
         self._batch_started = time.perf_counter() - wait_s
         leaves = structure.signature(batch)
         state = run.state
@@ -127,10 +121,10 @@ class PreflightProbe(Component):
         for bad in structure.nonfinite_samples(batch):
             self._nonfinite(state.epoch, state.batches_in_epoch - 1, bad, trained=True)
 
-    def on_after_backward(self, run: Run, loss: Any) -> None:
+    def on_after_backward(self, run: RunContext, loss: Any) -> None:
         self._loss = _to_float(loss)
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         now = time.perf_counter()
         loss = self._loss if self._loss is not None else _to_float(metrics.get("loss"))
         self._loss = None
@@ -143,18 +137,18 @@ class PreflightProbe(Component):
         if self.settings.mode == "overfit" and self._overfit_done(run.state.step, loss):
             run.request_stop("preflight", "preflight: the overfit-one-batch check is done")
 
-    def on_epoch_end(self, run: Run, epoch: int) -> None:
+    def on_epoch_end(self, run: RunContext, epoch: int) -> None:
         tail = time.perf_counter() - self._last_step_end if self._last_step_end else None
         self.record["epochs"].append({"epoch": epoch, "step": run.state.step, "tail_s": tail})
         self._sample_memory()
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         for hook in self._hooks:
             hook.remove()
         self._sample_memory()
         state = run.state
         self.record.update(
-            status=status, stop_reason=stop_reason, ended_at=time.time(),
+            status=status, stop_reason=str(stop_reason) if stop_reason else None, ended_at=time.time(),
             num_epochs=state.num_epochs, batches_per_epoch=state.batches_per_epoch,
             final_step=state.step, device=str(run.device),
             exception=_current_exception(), gradients=self._gradient_report(),
@@ -162,7 +156,7 @@ class PreflightProbe(Component):
         self._write()
 
     # the loop, steered ----------------------------------------------------------------------
-    def _smoke(self, run: Run, iterator: Iterator[Any]) -> Iterator[Any]:
+    def _smoke(self, run: RunContext, iterator: Iterator[Any]) -> Iterator[Any]:
         state = run.state
         if state.batches_in_epoch and "resumed_at" not in self.record:
             self.record["resumed_at"] = {"step": state.step, "epoch": state.epoch,
@@ -207,7 +201,7 @@ class PreflightProbe(Component):
         return (step >= _MIN_OVERFIT_STEPS and first is not None and loss is not None
                 and loss <= first / OVERFIT_FACTOR)
 
-    def _overfit(self, run: Run, iterator: Iterator[Any]) -> Iterator[Any]:
+    def _overfit(self, run: RunContext, iterator: Iterator[Any]) -> Iterator[Any]:
         first = next(iterator, None)
         if first is None:
             return
@@ -215,7 +209,7 @@ class PreflightProbe(Component):
             yield first
 
     # recording ----------------------------------------------------------------------------
-    def _record_step(self, run: Run, loss: float | None, now: float) -> None:
+    def _record_step(self, run: RunContext, loss: float | None, now: float) -> None:
         state = run.state
         started, self._batch_started = self._batch_started, None
         self.record["steps"].append({
@@ -331,12 +325,16 @@ def _median(values: list[float]) -> float | None:
 
 def _current_exception() -> dict[str, Any] | None:
     """The exception the run is ending with (inside ``with run:`` or at interpreter exit)."""
-    from prudent import run as kernel
+    from prudent.context import uncaught_exception
 
-    exc = sys.exc_info()[1] or getattr(sys, "last_value", None) or kernel._UNCAUGHT.get("exc")
+    exc = sys.exc_info()[1] or uncaught_exception()
     if exc is None or type(exc).__name__ in ("StopRun", "SystemExit", "KeyboardInterrupt"):
         return None
     frames = traceback.extract_tb(exc.__traceback__)
     return {"type": type(exc).__name__, "message": str(exc),
             "frames": [{"file": f.filename, "line": f.lineno, "function": f.name,
                         "code": f.line} for f in frames]}
+
+
+def _given(value: _T | None, default: _T) -> _T:
+    return default if value is None else value

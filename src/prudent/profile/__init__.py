@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+from prudent.lazy import lazy_exports
+
 __all__ = [
     "Facts",
     "Finding",
@@ -27,8 +29,16 @@ __all__ = [
     "parse_step_window",
 ]
 
-from prudent.profile.component import Profiler
-from prudent.profile.diagnosis import Facts, Finding, Thresholds, diagnose
-from prudent.profile.sampler import SystemSampler
-from prudent.profile.settings import ProfileSettings, StepWindow, parse_step_window
-from prudent.profile.timer import StepTimer
+_EXPORTS = {
+    "Facts": "prudent.profile.diagnosis",
+    "Finding": "prudent.profile.diagnosis",
+    "ProfileSettings": "prudent.profile.settings",
+    "Profiler": "prudent.profile.component",
+    "StepTimer": "prudent.profile.timer",
+    "StepWindow": "prudent.profile.settings",
+    "SystemSampler": "prudent.profile.sampler",
+    "Thresholds": "prudent.profile.diagnosis",
+    "diagnose": "prudent.profile.diagnosis",
+    "parse_step_window": "prudent.profile.settings",
+}
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -23,7 +23,8 @@ from prudent.profile.timer import StepTimer, batch_size
 from prudent.profile.trace import TraceWindow
 
 if TYPE_CHECKING:
-    from prudent.run import Run
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
 
 __all__ = ["Profiler"]
 
@@ -55,10 +56,10 @@ class Profiler(Component):
         self._trace_info: dict[str, Any] | None = None
 
     # events: the hot path first -----------------------------------------------------------
-    def on_batch_loaded(self, run: Run, batch: Any, wait_s: float) -> None:
+    def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
         self.timer.batch_loaded(clock(), wait_s, batch_size(batch))
 
-    def on_step_end(self, run: Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         step = run.state.step
         synced = sampled = False
         if self._sync is not None:  # CUDA: time device work truly on one step in `every`
@@ -76,23 +77,23 @@ class Profiler(Component):
         if step >= self._next_special:
             self._special(run, step, metrics)
 
-    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self.timer.logged(clock())
 
-    def on_checkpoint_taken(self, run: Run, step: int) -> None:
+    def on_checkpoint_taken(self, run: RunContext, step: int) -> None:
         # the loop waited for the snapshot (and, when synchronous, the write): checkpoint time;
         # an asynchronous write that goes on in the background costs the loop nothing more
         if self.summary is None:  # not a save made after our on_end
             self.timer.checkpoint_taken(clock())
 
     # rare events --------------------------------------------------------------------------
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         self.timer.start(clock())
         self.sampler.start()
         if self.trace is not None and self.trace.window.start == 0:
             self._begin_trace(run, 0)
 
-    def on_attach(self, run: Run, objects: dict[str, Any]) -> None:
+    def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         import torch
 
         for obj in objects.values():
@@ -102,7 +103,7 @@ class Profiler(Component):
                     self._use_device(parameter.device)
                     return
 
-    def on_end(self, run: Run, status: str, stop_reason: str | None) -> None:
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         try:
             self.timer.finish(clock())
             self._close_trace(run)
@@ -115,7 +116,7 @@ class Profiler(Component):
                   file=sys.stderr)
 
     # steps that need a look ---------------------------------------------------------------
-    def _special(self, run: Run, step: int, metrics: dict[str, Any]) -> None:
+    def _special(self, run: RunContext, step: int, metrics: dict[str, Any]) -> None:
         if not self._first_seen:
             self._first_seen = True
             self.timer.number_steps_from(step - 1)
@@ -140,7 +141,7 @@ class Profiler(Component):
             return step + 1
         return trace.window.start if trace.window.start > step else sys.maxsize
 
-    def _check_window_reachable(self, run: Run, step: int) -> None:
+    def _check_window_reachable(self, run: RunContext, step: int) -> None:
         trace, state = self.trace, run.state
         if trace is None or trace.state != "waiting":
             return
@@ -152,7 +153,7 @@ class Profiler(Component):
                              f"({state.num_epochs} epochs x {state.batches_per_epoch} batches)")
 
     # the trace window ---------------------------------------------------------------------
-    def _begin_trace(self, run: Run, step: int) -> None:
+    def _begin_trace(self, run: RunContext, step: int) -> None:
         assert self.trace is not None
         try:
             self.trace.begin(self._cuda_index is not None, step)
@@ -162,7 +163,7 @@ class Profiler(Component):
             self._trace_info = {"steps": str(self.trace.window), "message": f"failed: {exc!r}"}
             run.record_event("profile", "trace_failed", f"torch.profiler did not start: {exc!r}")
 
-    def _end_trace(self, run: Run, step: int) -> None:
+    def _end_trace(self, run: RunContext, step: int) -> None:
         assert self.trace is not None
         self.timer.excluding = False
         try:
@@ -177,7 +178,7 @@ class Profiler(Component):
                          f"{info['trace']} (open it in ui.perfetto.dev); operators in "
                          f"{info['ops_table']}", **info)
 
-    def _skip_trace(self, run: Run, why: str) -> None:
+    def _skip_trace(self, run: RunContext, why: str) -> None:
         assert self.trace is not None
         self.trace.state = "skipped"
         window = self.trace.window
@@ -187,7 +188,7 @@ class Profiler(Component):
         run.record_event("profile", "trace_skipped", message, steps=str(window))
         self._say(run, message)
 
-    def _close_trace(self, run: Run) -> None:
+    def _close_trace(self, run: RunContext) -> None:
         trace = self.trace
         if trace is None:
             return
@@ -242,7 +243,7 @@ class Profiler(Component):
         timer = self.timer
         return timer.num_steps, timer.num_samples, timer.num_tokens
 
-    def _report(self, run: Run) -> None:
+    def _report(self, run: RunContext) -> None:
         facts = self._facts(run)
         findings = diagnose(facts, self.settings.thresholds)
         summary = build_summary(
@@ -261,7 +262,7 @@ class Profiler(Component):
                                    default=str) + "\n")
         self._say(run, line)
 
-    def _facts(self, run: Run) -> Facts:
+    def _facts(self, run: RunContext) -> Facts:
         timer = self.timer
         total_mb, peak_mb = self._device_memory()
         step_time = timer.step_time()
@@ -282,7 +283,7 @@ class Profiler(Component):
         return {"num_steps": count, "data_ms": round(1e3 * wait / count, 4),
                 "compute_ms": round(1e3 * compute / count, 4), "every": self._every}
 
-    def _say(self, run: Run, text: str) -> None:
+    def _say(self, run: RunContext, text: str) -> None:
         if not self.quiet:
             print(f"prudent | {run.id} | {text}", file=self._stream or sys.stderr, flush=True)
 

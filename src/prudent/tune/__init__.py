@@ -14,3 +14,20 @@
 """
 
 from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+
+class _TuneModule(types.ModuleType):
+    """``prudent.tune(...)`` is the function of :mod:`prudent.tune.api`, and ``prudent.tune``
+    is also this package once a submodule is imported: the package calls the function."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from prudent.tune.api import tune
+
+        return tune(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _TuneModule

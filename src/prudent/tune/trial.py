@@ -1,6 +1,6 @@
 """Inside a trial's training process: report each logged objective to the study, prune on cue.
 
-The tuner launches the user's unchanged script with ``PRUDENT_TUNE_*`` variables; the
+The tuner launches the user's unchanged script with the trial in its launch spec; the
 component below is then plugged in by default (``components.py``), so every ``run.log(...)``
 carrying the objective becomes ``trial.report(value, step=epochs_done)``, and when the
 pruner says so the run stops as ``pruned`` (exit code 5) through ``StopRun``. Under the tuner
@@ -10,47 +10,44 @@ once, before the pruner would see it.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from prudent.events import Component
+from prudent.launch import ENV_TUNE_TRIAL, LaunchSpec, TrialSpec
 
 if TYPE_CHECKING:
     from prudent.monitor.settings import MonitorSettings
-    from prudent.run import Run
+    from prudent.context import RunContext
 
 __all__ = ["ENV_TRIAL", "SICK_RULES", "TrialReporter", "trial_env", "trial_from_env",
            "under_tuner"]
 
-ENV_TRIAL = "PRUDENT_TUNE_TRIAL"  # JSON: storage, study, trial_id, number, objective, pruner
+ENV_TRIAL = ENV_TUNE_TRIAL
 SICK_RULES = ("non_finite", "divergence")
 
 
 def trial_env(*, storage: str, study: str, trial_id: int, number: int, objective: str,
               pruner: Mapping[str, Any]) -> dict[str, str]:
     """The variables a trial's process needs (set by the tuner, read by :func:`trial_from_env`)."""
-    return {ENV_TRIAL: json.dumps({"storage": storage, "study": study, "trial_id": trial_id,
-                                   "number": number, "objective": objective,
-                                   "pruner": dict(pruner)})}
+    trial = TrialSpec(storage, study, trial_id, number, objective, dict(pruner))
+    return LaunchSpec(trial=trial).to_env()
 
 
 def trial_from_env(environ: Mapping[str, str] | None = None) -> TrialReporter | None:
     """The component, when this process is a trial of ``prudent tune``; else None."""
-    raw = (os.environ if environ is None else environ).get(ENV_TRIAL)
-    if not raw:
+    trial = LaunchSpec.from_env(environ).trial
+    if trial is None:
         return None
-    spec = json.loads(raw)
-    return TrialReporter(spec["storage"], spec["study"], int(spec["trial_id"]),
-                         int(spec["number"]), spec["objective"], spec.get("pruner") or {})
+    return TrialReporter(trial.storage, trial.study, trial.trial_id, trial.number,
+                         trial.objective, trial.pruner)
 
 
 def under_tuner(settings: MonitorSettings, environ: Mapping[str, str] | None = None
                 ) -> MonitorSettings:
     """In a trial, the sick-run rules prune (exit 5, never resumed) where they would stop."""
-    if not (os.environ if environ is None else environ).get(ENV_TRIAL):
+    if LaunchSpec.from_env(environ).trial is None:
         return settings
     rules = settings.rules
     changed = {}
@@ -80,8 +77,9 @@ class TrialReporter(Component):
         self.trial_id, self.number, self.objective = trial_id, number, objective
         self.pruner_spec = dict(pruner)
         self._trial: Any = None
+        self._reported: set[int] = set()  # epochs reported, before an interruption too
 
-    def on_start(self, run: Run) -> None:
+    def on_start(self, run: RunContext) -> None:
         import optuna
 
         from prudent.tune.strategy import make_pruner
@@ -89,11 +87,13 @@ class TrialReporter(Component):
 
         spec = self.pruner_spec
         pruner = make_pruner(spec.get("name", "none"), **spec.get("args", {}))
-        study = load(self.study_name, open_storage(self.storage_url),
-                     sampler=optuna.samplers.RandomSampler(), pruner=pruner)
+        storage = open_storage(self.storage_url)
+        study = load(self.study_name, storage, sampler=optuna.samplers.RandomSampler(),
+                     pruner=pruner)
         self._trial = optuna.trial.Trial(study, self.trial_id)
+        self._reported = set(storage.get_trial(self.trial_id).intermediate_values)
 
-    def on_log(self, run: Run, metrics: dict[str, float]) -> None:
+    def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         value = metrics.get(self.objective)
         if self._trial is None or self.objective not in metrics or value is None:
             return
@@ -101,9 +101,10 @@ class TrialReporter(Component):
         if not math.isfinite(value):
             run.request_stop("pruned", f"pruner: {self.objective} is {value} at epoch {step}")
             return
-        if step in self._trial._cached_frozen_trial.intermediate_values:
+        if step in self._reported:
             return  # resumed: this epoch was reported before the interruption
         self._trial.report(value, step=step)
+        self._reported.add(step)
         if self._trial.should_prune():
             run.request_stop("pruned", f"pruner {self.pruner_spec.get('name')}: "
                              f"{self.objective}={value:.6g} at epoch {step} is not among the "

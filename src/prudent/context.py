@@ -1,0 +1,327 @@
+"""The RunContext: what components and framework adapters see of a run.
+
+The user's :class:`~prudent.run.Run` keeps the user's verbs; everything a habit needs to
+plug in is here: the counters (``state``), the record (``record_event``, the metrics sink
+``writer``), the stop request (``request_stop`` with a :class:`~prudent.stop.StopReason`),
+``emit`` to the components, typed shared values (``gauges``, ``stop_deadline``,
+``defer_stops``), and ``start`` / ``finish`` for an adapter whose framework owns the loop.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from enum import Enum
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from prudent.errors import StopRun
+from prudent.events import Component, Event, EventKind
+from prudent.signals import SignalStopper
+from prudent.state import RunState
+from prudent.stop import ExitCode, StopKind, StopReason
+from prudent.store import NullWriter, Store, StoreWriter
+
+__all__ = ["RunContext"]
+
+_HOST_READS = 4  # tensors whose host value host_scalar remembers
+
+
+class RunContext:
+    """One run as components see it. Built by :func:`prudent.init`; one per run.
+
+    ``settings`` is the project's settings as ``prudent.init`` resolved them (the kernel never
+    reads them; components read their own section). ``store`` is None on torchrun ranks other
+    than 0: they write nothing.
+    """
+
+    def __init__(self, *, run_id: str, name: str, config: dict[str, Any], home: str | Path,
+                 store: Store | None, writer: StoreWriter | NullWriter | None = None,
+                 settings: Any = None, exit_on_stop: bool = True,
+                 components: Iterable[Component] = (), handle_signals: bool = True) -> None:
+        self.id = run_id
+        self.name = name
+        self.config = config
+        self.settings = settings
+        self.store = store
+        self.writer: StoreWriter | NullWriter = writer or (
+            StoreWriter(store) if store is not None else NullWriter())
+        self.exit_on_stop = exit_on_stop
+        self.state = RunState()
+        self.objects: dict[str, Any] = {}
+        self.started_at = time.time()
+        self.status = "running"
+        self.stop_reason: StopReason | None = None  # how it ended, once it has
+        self.gauges: dict[str, float] = {}  # live values a component publishes (cost_usd)
+        self.stop_deadline: float | None = None  # time.time() by which a stop must be done
+        self.defer_stops = False  # True while ranks must first agree (see distributed.py)
+        self.logged: dict[str, float] = {}  # the newest value of each run.log metric
+        self.batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
+        self.resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
+        self._home = Path(home)
+        self._handle_signals = handle_signals
+        self._stop: StopReason | None = None
+        self._stop_announced = False
+        self._closed = False
+        self._device: Any = None
+        # the last tensors read (weakly: a loss must not keep its graph alive) and their numbers
+        self._host_reads: list[tuple[weakref.ref[Any], Any]] = []
+        self._components: list[Component] = []
+        self.handlers: dict[Event, list[Callable[..., None]]] = {event: [] for event in Event}
+        for component in components:
+            self.add_component(component)
+        self._signals = SignalStopper(self.request_stop)
+
+    # components ---------------------------------------------------------------------------
+    def add_component(self, component: Component) -> None:
+        """Plug a component in; only the events it overrides will call it."""
+        self._components.append(component)
+        for event in Event:
+            if component.overrides(event):
+                self.handlers[event].append(getattr(component, event.method_name))
+
+    @property
+    def components(self) -> tuple[Component, ...]:
+        return tuple(self._components)
+
+    def emit(self, event: Event, *args: Any) -> None:
+        """Deliver an event to every component handling it."""
+        for handler in self.handlers[event]:
+            handler(self, *args)
+
+    def wrap_batches(self, wrapper: Callable[[Iterator[Any]], Iterator[Any]]) -> None:
+        """Change what ``run.batches`` yields, for every epoch from now on.
+
+        For components that must steer the loop without editing the script: preflight's short
+        epochs, replay's captured batch. ``wrapper`` gets the epoch's (already repositioned)
+        iterator and returns the one the loop sees; wrappers apply in the order they were added.
+        """
+        self.batch_wrappers.append(wrapper)
+
+    # where and what -----------------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        """``$PRUDENT_HOME/runs/<id>``: this run's files (checkpoints, traces, reports)."""
+        path = self._home.resolve() / "runs" / self.id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def device(self) -> Any:
+        return self._device
+
+    @device.setter
+    def device(self, device: Any) -> None:
+        self._device = device
+
+    @property
+    def latest(self) -> dict[str, float]:
+        """The newest float value of each metric (step metrics lag by at most a flush)."""
+        return {**self.writer.latest, **self.logged}
+
+    def host_scalar(self, value: Any) -> Any:
+        """A 0-d tensor's number when reading it costs no wait (the tensor is on the CPU), read
+        once however many components ask for the same tensor (the last few are remembered: the
+        loss and a metric or two of a step); anything else comes back as is (a tensor on a
+        device stays there: reading it would make the host wait)."""
+        if not hasattr(value, "is_cpu"):
+            return value
+        for tensor, number in self._host_reads:
+            if tensor() is value:
+                return number
+        if not value.is_cpu or value.dim() != 0:
+            return value  # on a device, or several numbers: left as is
+        number = value.item()
+        self._host_reads = [*self._host_reads[-(_HOST_READS - 1):], (weakref.ref(value), number)]
+        return number
+
+    def capture(self, reason: str = "user", message: str = "",
+                error: BaseException | None = None) -> None:
+        """Ask for a failure bundle of this step (see prudent.debug); safe from another thread."""
+        self.emit(Event.CAPTURE_REQUESTED, reason, message, error)
+
+    # the record ---------------------------------------------------------------------------
+    def record_event(self, kind: EventKind | str, name: str, message: str = "",
+                     step: int | None = None, **payload: Any) -> None:
+        """Put an event in the run's record (written off the training thread). ``kind`` and
+        ``name`` are listed in :data:`prudent.events.RECORDED_EVENTS`."""
+        self.writer.put_event({
+            "run_id": self.id, "step": self.state.step if step is None else step,
+            "kind": kind.value if isinstance(kind, Enum) else kind, "name": name,
+            "message": message, "payload": json.dumps(payload, default=str), "wall": time.time()})
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters, RNG states and every component's state: all a checkpoint needs of the run."""
+        from prudent.rng import capture_rng
+
+        return {"state": self.state.state_dict(), "rng": capture_rng(),
+                "components": {c.name: c.state_dict() for c in self._components}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put the run back where ``state_dict`` was taken.
+
+        The RNG is restored when training resumes (the next ``run.batches``), not now: the
+        script's own setup (building the model) draws random numbers after ``init``. Mid-epoch,
+        it is restored only after the epoch's shuffle order was redrawn and the batches already
+        done were skipped.
+        """
+        self.state.load_state_dict(state.get("state", {}))
+        saved = state.get("components", {})
+        for component in self._components:
+            if component.name in saved:
+                component.load_state_dict(saved[component.name])
+        self.resume_rng = state.get("rng")
+
+    # stopping -----------------------------------------------------------------------------
+    def request_stop(self, reason: StopReason | str, message: str = "") -> None:
+        """Ask the run to stop at the next step, batch or log; the first request wins.
+
+        Safe from a signal handler or another thread: it only sets a field. A string is read
+        as a ``stop_reason`` (``"preempted"``, ``"rule:loss_not_decreasing"``).
+        """
+        if self._stop is None:
+            self._stop = _as_reason(reason, message)
+
+    @property
+    def pending_stop(self) -> StopReason | None:
+        """The pending stop request, if any (the run stops at the next check)."""
+        return self._stop
+
+    @property
+    def stop_requested(self) -> str | None:
+        """The ``stop_reason`` string of a pending stop request, if any."""
+        return str(self._stop) if self._stop is not None else None
+
+    def replace_stop(self, reason: StopReason) -> None:
+        """Set the stop every rank agreed on (it may differ from this rank's own request)."""
+        self._stop = reason
+
+    def check_stop(self) -> None:
+        """Raise :class:`StopRun` when a stop is pending (and ranks need not agree first)."""
+        if self._stop is not None and not self.defer_stops:
+            self.raise_stop()
+
+    def raise_stop(self) -> None:
+        reason = self._stop
+        assert reason is not None
+        if not self._stop_announced:
+            self._stop_announced = True
+            self.record_event(EventKind.LIFECYCLE, "stop_requested", reason.message or str(reason),
+                              reason=str(reason), stop_kind=reason.kind.value, rule=reason.rule)
+            self.emit(Event.STOP_REQUESTED, reason)
+        raise StopRun(reason)
+
+    # start and finish ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Install the signal handler, record the start and tell the components."""
+        if self._handle_signals:
+            self._signals.install()
+        atexit.register(self._finish_at_exit)
+        _watch_uncaught_exceptions()
+        self.record_event(EventKind.LIFECYCLE, "start",
+                          f"run {self.id} started on {socket.gethostname()}", pid=os.getpid())
+        self.emit(Event.START)
+
+    def finish(self, status: str, reason: StopReason | None = None, message: str = "",
+               *, notify: bool = True, **payload: Any) -> None:
+        """Close the run once: tell the components (unless ``notify`` is False: the training
+        thread is stuck and they cannot be trusted to return), write the end to the record."""
+        if self._closed:
+            return
+        self._closed = True
+        self.status, self.stop_reason = status, reason
+        self._signals.uninstall()
+        if notify:
+            self.emit(Event.END, status, reason)
+        stop_reason = str(reason) if reason is not None else None
+        self.record_event(EventKind.LIFECYCLE, "end", message or status, status=status,
+                          stop_reason=stop_reason, **payload)
+        self.writer.flush(timeout_s=30.0 if notify else 5.0)
+        if notify:
+            self.writer.close()
+        if self.store is not None:
+            self.store.update_run(self.id, status=status, stop_reason=stop_reason,
+                                  ended_at=time.time(), exit_code=self.exit_code,
+                                  step=self.state.step, epoch=self.state.epoch)
+            if notify:
+                self.store.close()  # releases connections; the store reopens them if used again
+        atexit.unregister(self._finish_at_exit)
+
+    def fail(self, exc: BaseException) -> None:
+        """The loop raised: a failure bundle of the state as it failed, then the record."""
+        self.capture("error", describe(exc), error=exc)
+        self.finish("failed", StopReason(StopKind.ERROR, None, describe(exc)), describe(exc),
+                    traceback=trimmed_traceback(exc))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def exit_code(self) -> int:
+        """What the process should exit with, given how the run ended so far."""
+        if self.status == "failed":
+            return int(ExitCode.ERROR)
+        return self.stop_reason.exit_code if self.stop_reason is not None else 0
+
+    def _finish_at_exit(self) -> None:
+        """A script that never used ``with run:`` still leaves a truthful record."""
+        if self._closed:
+            return
+        failed = uncaught_exception()
+        if isinstance(failed, StopRun):
+            self.finish("stopped", failed.stop, failed.message)
+        elif failed is not None:
+            self.finish("failed", StopReason(StopKind.ERROR, None, describe(failed)),
+                        describe(failed))
+        else:
+            self.finish("completed")
+
+
+def _as_reason(reason: StopReason | str, message: str) -> StopReason:
+    if isinstance(reason, StopReason):
+        return reason if not message or reason.message else StopReason(reason.kind, reason.rule,
+                                                                         message)
+    return StopReason.parse(reason, message)
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def trimmed_traceback(exc: BaseException) -> str:
+    """The traceback without prudent's own frames: the user's code is what matters."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f"{os.sep}prudent{os.sep}" not in f.filename]
+    return "".join(traceback.format_list(frames[-10:])) + describe(exc)
+
+
+_UNCAUGHT: dict[str, BaseException] = {}
+
+
+def uncaught_exception() -> BaseException | None:
+    """The exception the process is ending with, if one escaped the script (or ``None``)."""
+    return getattr(sys, "last_value", None) or _UNCAUGHT.get("exc")
+
+
+def _watch_uncaught_exceptions() -> None:
+    """Remember an uncaught exception so the atexit fallback can record the run as failed."""
+    previous = sys.excepthook
+    if getattr(previous, "_prudent", False):
+        return
+
+    def remember(exc_type: type[BaseException], exc: BaseException,
+                 tb: TracebackType | None) -> None:
+        _UNCAUGHT["exc"] = exc
+        previous(exc_type, exc, tb)
+
+    remember._prudent = True  # type: ignore[attr-defined]
+    sys.excepthook = remember

@@ -1,0 +1,120 @@
+"""Why a run stopped, as a value: its kind, the rule that fired, the message, the exit code.
+
+The string form is the documented ``stop_reason`` of ``prudent show --json`` and the store
+(``preempted``, ``budget``, ``pruned``, ``policy``, ``interrupted``, ``error``,
+``rule:<name>``); code that needs a fact reads the fields, never the string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+
+__all__ = ["ExitCode", "StopKind", "StopReason"]
+
+
+class ExitCode(IntEnum):
+    """Process exit codes, so a supervisor (prudent's, Kubernetes, SLURM) knows what happened."""
+
+    COMPLETED = 0
+    ERROR = 1  # the script raised: Python's own code for an uncaught exception
+    BAD_INPUT = 2  # a setting, flag or --set value is wrong; nothing ran
+    RULE = 3  # a monitoring rule stopped the run (stop_reason "rule:<name>")
+    BUDGET = 4  # the run reached its budget; resumable once the budget is raised
+    PRUNED = 5  # the tuner pruned this trial
+    POLICY = 6  # the run would break the policy
+    PREEMPTED = 75  # EX_TEMPFAIL: the machine is going away; relaunch and resume
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as shells report it
+
+
+class StopKind(str, Enum):
+    """The kinds of stop; each has one exit code."""
+
+    PREEMPTED = "preempted"
+    BUDGET = "budget"
+    PRUNED = "pruned"
+    POLICY = "policy"
+    INTERRUPTED = "interrupted"
+    RULE = "rule"
+    ERROR = "error"
+    # a prudent tool's own end of a child's run; the parent reads the record, not the code
+    PREFLIGHT = "preflight"
+    REPLAY = "replay"
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return _EXIT_CODES[self]
+
+
+_EXIT_CODES = {
+    StopKind.PREEMPTED: ExitCode.PREEMPTED, StopKind.BUDGET: ExitCode.BUDGET,
+    StopKind.PRUNED: ExitCode.PRUNED, StopKind.POLICY: ExitCode.POLICY,
+    StopKind.INTERRUPTED: ExitCode.INTERRUPTED, StopKind.RULE: ExitCode.RULE,
+    StopKind.ERROR: ExitCode.ERROR, StopKind.PREFLIGHT: ExitCode.ERROR,
+    StopKind.REPLAY: ExitCode.ERROR,
+}
+# a supervisor relaunches these: the same command can go on from the last checkpoint
+_RESUMABLE = {StopKind.PREEMPTED}
+
+
+@dataclass(frozen=True)
+class StopReason:
+    """One stop: ``kind``, the ``rule`` that fired (kind ``rule`` only) and a ``message`` for
+    a person. ``str(reason)`` is the documented ``stop_reason`` string."""
+
+    kind: StopKind
+    rule: str | None = None
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", StopKind(self.kind))
+        if (self.kind is StopKind.RULE) != bool(self.rule):
+            raise ValueError(f"a stop of kind {self.kind.value!r} names a rule only when it is "
+                             f"'rule', got rule={self.rule!r}")
+
+    def __str__(self) -> str:
+        return f"rule:{self.rule}" if self.kind is StopKind.RULE else self.kind.value
+
+    @classmethod
+    def by_rule(cls, rule: str, message: str = "") -> StopReason:
+        return cls(StopKind.RULE, rule, message)
+
+    @classmethod
+    def parse(cls, text: str, message: str = "") -> StopReason:
+        """The reason a ``stop_reason`` string stands for (unknown words are errors)."""
+        if text.startswith("rule:"):
+            return cls(StopKind.RULE, text[5:] or "unknown", message)
+        try:
+            return cls(StopKind(text), None, message)
+        except ValueError:
+            return cls(StopKind.ERROR, None, message or text)
+
+    @classmethod
+    def from_exit_code(cls, code: int) -> StopReason | None:
+        """The reason a supervisor infers when it only saw the exit code (None: completed)."""
+        if code == ExitCode.COMPLETED:
+            return None
+        if code == ExitCode.RULE:
+            return cls.by_rule("unknown")
+        for kind, value in _EXIT_CODES.items():
+            if value == code and kind not in (StopKind.RULE, StopKind.PREFLIGHT, StopKind.REPLAY):
+                return cls(kind)
+        return cls(StopKind.ERROR)
+
+    @property
+    def exit_code(self) -> int:
+        return int(self.kind.exit_code)
+
+    @property
+    def resumable(self) -> bool:
+        """True when relaunching the same command continues the run (a preempted machine)."""
+        return self.kind in _RESUMABLE
+
+    @property
+    def is_failure(self) -> bool:
+        return self.kind is StopKind.ERROR
+
+    @property
+    def ends_early(self) -> bool:
+        """Stopped by the tuner or a rule before its planned end: the rest would be waste."""
+        return self.kind in (StopKind.PRUNED, StopKind.RULE)

@@ -1,0 +1,153 @@
+"""The shape the design promises, checked: a kernel that knows no plug-in, no import cycle,
+no module reaching into another's private members (STYLE.md rules 3, 22-24)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "prudent"
+
+# The kernel: what a Run needs to exist. Everything else is a plug-in or a command.
+KERNEL = {
+    "prudent", "prudent.context", "prudent.data", "prudent.errors", "prudent.events",
+    "prudent.launch", "prudent.lazy", "prudent.rng", "prudent.run", "prudent.signals", "prudent.state",
+    "prudent.stop", "prudent.store", "prudent.units",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _load_time_imports(tree: ast.Module, module: str, is_package: bool) -> set[str]:
+    """prudent modules imported when ``module`` is imported (not in functions, not for typing)."""
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                visit(node.orelse)
+            elif isinstance(node, (ast.If, ast.Try, ast.With)):
+                for block in ("body", "orelse", "finalbody", "handlers"):
+                    for child in getattr(node, block, []):
+                        visit(child.body if isinstance(child, ast.ExceptHandler) else [child])
+            elif isinstance(node, ast.Import):
+                found.update(_with_packages({a.name for a in node.names
+                                             if a.name.startswith("prudent")}))
+            elif isinstance(node, ast.ImportFrom):
+                found.update(_from_targets(node, module, is_package))
+
+    visit(tree.body)
+    return found
+
+
+def _from_targets(node: ast.ImportFrom, module: str, is_package: bool) -> set[str]:
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        package = package[: len(package) - node.level + 1]
+        base = ".".join([*package, base] if base else package)
+    if not base.startswith("prudent"):
+        return set()
+    # `from prudent.pkg import sub` imports the submodule when there is one
+    subs = {f"{base}.{a.name}" for a in node.names if _exists(f"{base}.{a.name}")}
+    return _with_packages(subs or {base})
+
+
+def _with_packages(modules: set[str]) -> set[str]:
+    """Importing ``prudent.a.b`` first runs ``prudent/a/__init__``: that is an import too (the
+    root package, everyone's parent, is left out: it only re-exports the public API)."""
+    found = set(modules)
+    for module in modules:
+        parts = module.split(".")
+        found.update(".".join(parts[:i]) for i in range(2, len(parts)))
+    return found
+
+
+def _exists(module: str) -> bool:
+    path = SRC.parent.joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph = {}
+    for path in SRC.rglob("*.py"):
+        name = _module_name(path)
+        tree = ast.parse(path.read_text(), str(path))
+        graph[name] = _load_time_imports(tree, name, path.name == "__init__.py") - {name}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+    sys.setrecursionlimit(10_000)
+
+    def strongconnect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                strongconnect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            strongconnect(node)
+    return cycles
+
+
+def test_no_import_cycle_inside_prudent() -> None:
+    assert find_cycles(import_graph()) == []
+
+
+def test_the_kernel_imports_no_plug_in() -> None:
+    code = ("import prudent.run, prudent.context, sys; "
+            "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('prudent'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert set(loaded) - KERNEL == set()
+
+
+def test_the_kernel_modules_import_only_the_kernel_at_load_time() -> None:
+    graph = import_graph()
+    leaks = {m: sorted(graph[m] - KERNEL) for m in KERNEL if m in graph and graph[m] - KERNEL}
+    assert leaks == {}
+
+
+def test_no_module_touches_a_private_member_of_the_run() -> None:
+    """Components see the RunContext; the Run's private state is the kernel's alone."""
+    offenders = []
+    for path in SRC.rglob("*.py"):
+        if path.name in ("run.py", "context.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__") and isinstance(node.value, ast.Name)
+                    and node.value.id in ("run", "ctx", "context")):
+                offenders.append(f"{path.relative_to(SRC)}:{node.lineno} {node.value.id}.{node.attr}")
+    assert offenders == []
