@@ -1,67 +1,94 @@
-"""The components every run gets by default, built from the project settings.
+"""The components every run gets by default, built from the project settings and the launch.
 
-Adding a habit means adding a factory here (and its settings section in ``config.py``), not
-editing the kernel or another component. Order matters only for ``on_end``: the metrics
-recorder flushes first so that later components see final values.
+This is the one module that knows every plug-in: :func:`prudent.init` calls
+:func:`default_components`, and the kernel never imports this. Adding a habit means adding a
+factory here (and its settings section in ``config.py``), not editing the kernel or another
+component. Order matters only for ``on_end``: the metrics recorder flushes first so that later
+components see final values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from prudent.checkpoint import Checkpointer
+from prudent.checkpoint.manager import Checkpointer
+from prudent.config import ProjectSettings
 from prudent.console import ConsoleReporter
-from prudent.cost import CostMeter
-from prudent.debug import debug_mode, failure_capture, replay_component
-from prudent.debug.mode import capture_on_every_rule
+from prudent.cost.meter import CostMeter
+from prudent.debug.capture import FailureCapture
+from prudent.debug.mode import DebugMode, capture_on_every_rule
+from prudent.debug.replay import replay_from_env
 from prudent.distributed import StopCoordinator, ranks_from_env
 from prudent.events import Component
-from prudent.monitor import Monitor
-from prudent.profile import Profiler
+from prudent.launch import LaunchSpec
+from prudent.monitor.monitor import Monitor
 from prudent.preemption import PreemptionWatcher
-from prudent.preflight import PreflightProbe
+from prudent.preflight.probe import PreflightProbe
+from prudent.profile.component import Profiler
 from prudent.recorder import MetricsRecorder
 from prudent.tune.trial import trial_from_env, under_tuner
 
-if TYPE_CHECKING:
-    from prudent.config import ProjectSettings
-
 __all__ = ["DEFAULT_COMPONENTS", "default_components"]
 
-ComponentFactory = Callable[["ProjectSettings"], "Component | None"]
+ComponentFactory = Callable[[ProjectSettings, LaunchSpec], "Component | None"]
+
+
+def _profiler(settings: ProjectSettings, spec: LaunchSpec) -> Component | None:
+    return Profiler(settings.profile, quiet=_quiet(settings)) if settings.profile.enabled else None
+
+
+def _debug_mode(settings: ProjectSettings, spec: LaunchSpec) -> Component | None:
+    return DebugMode() if settings.debug.enabled else None
+
+
+def _monitor(settings: ProjectSettings, spec: LaunchSpec) -> Component | None:
+    if not settings.monitor.enabled:
+        return None
+    rules = capture_on_every_rule(under_tuner(settings.monitor), settings.debug.enabled)
+    return Monitor(rules, quiet=_quiet(settings))
+
+
+def _failure_capture(settings: ProjectSettings, spec: LaunchSpec) -> Component | None:
+    """On by default; never while replaying a bundle (it would write a bundle of the bundle)."""
+    if not settings.debug.capture or spec.replay is not None:
+        return None
+    return FailureCapture(settings.debug, quiet=_quiet(settings))
+
+
+def _quiet(settings: ProjectSettings) -> bool:
+    return settings.console.mode == "off"
+
 
 DEFAULT_COMPONENTS: list[ComponentFactory] = [
     # first, so that its on_step_end closes the user's compute before other handlers run
-    lambda settings: Profiler(settings.profile, quiet=settings.console.mode == "off")
-    if settings.profile.enabled else None,
+    _profiler,
     # --debug: every event logged (early, so it logs an event before others act on it)
-    debug_mode,
-    lambda settings: MetricsRecorder(every_s=settings.store.flush_interval_s),
-    lambda settings: None if settings.console.mode == "off" else ConsoleReporter(settings.console),
-    lambda settings: PreemptionWatcher.build(settings.preemption),
-    lambda settings: Monitor(capture_on_every_rule(under_tuner(settings.monitor),
-                                                   settings.debug.enabled),
-                             quiet=settings.console.mode == "off")
-    if settings.monitor.enabled else None,
+    _debug_mode,
+    lambda settings, spec: MetricsRecorder(every_s=settings.store.flush_interval_s),
+    lambda settings, spec: None if _quiet(settings) else ConsoleReporter(settings.console),
+    lambda settings, spec: PreemptionWatcher.build(settings.preemption),
+    _monitor,
     # only in a trial of `prudent tune`: reports run.log's objective, prunes on the pruner's cue
-    lambda settings: trial_from_env(),
+    lambda settings, spec: trial_from_env(),
     # a bundle when a step raises or turns non-finite (before the optimizer step), or a rule asks
-    failure_capture,
+    _failure_capture,
     # on by default: $0 until an instance is known; stops before a budget or policy limit
-    lambda settings: CostMeter(settings.cost, quiet=settings.console.mode == "off"),
+    lambda settings, spec: CostMeter(settings.cost, quiet=_quiet(settings)),
     # last on step_end: rules have had their say (a sick step is not saved as a periodic checkpoint)
-    lambda settings: Checkpointer(settings.checkpoint) if settings.checkpoint.enabled else None,
+    lambda settings, spec: Checkpointer(settings.checkpoint) if settings.checkpoint.enabled
+    else None,
     # only under `prudent replay`: restores a bundle or runs to a step, reports it, stops
-    replay_component,
+    lambda settings, spec: replay_from_env(),
     # only under `prudent preflight` (smoke mode); last, so its on_end sees the final state
-    lambda settings: PreflightProbe.build(),
+    lambda settings, spec: PreflightProbe.build(),
 ]
 
 
-def default_components(settings: ProjectSettings) -> list[Component]:
+def default_components(settings: ProjectSettings, spec: LaunchSpec | None = None
+                       ) -> list[Component]:
     """The default components; under torchrun, ranks other than 0 skip the writing ones."""
+    spec = spec if spec is not None else LaunchSpec.from_env()
     ranks = ranks_from_env()
-    built = [factory(settings) for factory in DEFAULT_COMPONENTS]
+    built = [factory(settings, spec) for factory in DEFAULT_COMPONENTS]
     chosen = [c for c in built if c is not None and (ranks.is_main or not c.main_rank_only)]
     return [StopCoordinator(ranks), *chosen] if ranks.is_distributed else chosen

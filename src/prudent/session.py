@@ -55,7 +55,7 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
     if components is None:
         from prudent.components import default_components  # imports torch: not for the CLI
 
-        components = default_components(settings)
+        components = default_components(settings, spec)
     context = RunContext(
         run_id=run_id, name=name, config=resolved, home=settings.store.home, store=store,
         writer=StoreWriter(store, settings.store.flush_interval_s) if store is not None else None,

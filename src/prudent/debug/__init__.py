@@ -8,43 +8,19 @@
   (:mod:`prudent.debug.replay`); ``prudent replay RUN --step S`` reruns up to step S from the
   newest checkpoint before it.
 
-The components import torch: the factories below import them when a run is built.
+The components import torch: ``prudent.components`` builds them when a run starts.
 """
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
-
 from prudent.debug.settings import DebugSettings
+from prudent.lazy import lazy_exports
 
-if TYPE_CHECKING:
-    from prudent.config import ProjectSettings
-    from prudent.events import Component
+__all__ = ["BundleReplay", "DebugMode", "DebugSettings", "FailureCapture", "StepReplay"]
 
-__all__ = ["DebugSettings", "debug_mode", "failure_capture", "replay_component"]
-
-
-def debug_mode(settings: ProjectSettings) -> Component | None:
-    """The DebugMode component, when debug mode is on."""
-    from prudent.debug.mode import DebugMode
-
-    return DebugMode() if settings.debug.enabled else None
-
-
-def failure_capture(settings: ProjectSettings) -> Component | None:
-    """The FailureCapture component (on by default; never while replaying a bundle, which
-    would write a bundle of the bundle)."""
-    from prudent.debug.capture import FailureCapture
-    from prudent.debug.replay import ENV_REPLAY
-
-    if not settings.debug.capture or os.environ.get(ENV_REPLAY):
-        return None
-    return FailureCapture(settings.debug, quiet=settings.console.mode == "off")
-
-
-def replay_component(settings: ProjectSettings) -> Component | None:
-    """The replay component, only in a process launched by ``prudent replay``."""
-    from prudent.debug.replay import replay_from_env
-
-    return replay_from_env()
+__getattr__ = lazy_exports(__name__, {
+    "BundleReplay": "prudent.debug.replay",
+    "DebugMode": "prudent.debug.mode",
+    "FailureCapture": "prudent.debug.capture",
+    "StepReplay": "prudent.debug.replay",
+})

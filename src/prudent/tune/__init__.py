@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from typing import Any
@@ -25,9 +26,7 @@ class _TuneModule(types.ModuleType):
     is also this package once a submodule is imported: the package calls the function."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from prudent.tune.api import tune
-
-        return tune(*args, **kwargs)
+        return importlib.import_module("prudent.tune.api").tune(*args, **kwargs)
 
 
 sys.modules[__name__].__class__ = _TuneModule
