@@ -84,7 +84,7 @@ RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
     EventKind.COST: ("detect", "price", "meter", "limit"),
     EventKind.PROFILE: ("trace_failed", "trace", "trace_skipped", "summary"),
     EventKind.FINDING: None,
-    EventKind.MONITOR: ("error", "rule_error", "stacks_not_written", "hard_exit"),
+    EventKind.MONITOR: ("error", "rule_error", "stacks_not_written", "hard_exit", "webhook_failed"),
     EventKind.RULE: None,
     EventKind.CAPTURE: ("skipped", "failed", "written"),
     EventKind.CAPTURE_REQUESTED: None,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prudent.events import Component
+from prudent.events import Component, EventKind
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
@@ -114,7 +114,7 @@ class PreemptionWatcher(Component):
         left = deadline - time.time()
         self.notice = f"{cloud.upper()} interruption notice: {what}, {left:.0f} s left"
         run.stop_deadline = deadline
-        run.record_event("preemption", "notice", self.notice, cloud=cloud, seconds_left=left)
+        run.record_event(EventKind.PREEMPTION, "notice", self.notice, cloud=cloud, seconds_left=left)
         run.request_stop("preempted", self.notice)
 
     def _get(self, path: str, headers: dict[str, str], method: str = "GET") -> str:

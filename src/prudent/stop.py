@@ -59,8 +59,9 @@ _RESUMABLE = {StopKind.PREEMPTED}
 
 @dataclass(frozen=True)
 class StopReason:
-    """One stop: ``kind``, the ``rule`` that fired (kind ``rule`` only) and a ``message`` for
-    a person. ``str(reason)`` is the documented ``stop_reason`` string."""
+    """One stop: ``kind``, the ``rule`` that fired (kind ``rule``; for kind ``pruned``, the
+    rule that pruned the trial, or None when the pruner did) and a ``message`` for a person.
+    ``str(reason)`` is the documented ``stop_reason`` string."""
 
     kind: StopKind
     rule: str | None = None
@@ -68,9 +69,11 @@ class StopReason:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", StopKind(self.kind))
-        if (self.kind is StopKind.RULE) != bool(self.rule):
-            raise ValueError(f"a stop of kind {self.kind.value!r} names a rule only when it is "
-                             f"'rule', got rule={self.rule!r}")
+        if self.kind is StopKind.RULE and not self.rule:
+            raise ValueError("a stop of kind 'rule' names the rule that fired")
+        if self.rule and self.kind not in (StopKind.RULE, StopKind.PRUNED):
+            raise ValueError(f"a stop of kind {self.kind.value!r} names no rule, got "
+                             f"rule={self.rule!r}")
 
     def __str__(self) -> str:
         return f"rule:{self.rule}" if self.kind is StopKind.RULE else self.kind.value
@@ -78,6 +81,11 @@ class StopReason:
     @classmethod
     def by_rule(cls, rule: str, message: str = "") -> StopReason:
         return cls(StopKind.RULE, rule, message)
+
+    @classmethod
+    def pruned(cls, message: str = "", rule: str | None = None) -> StopReason:
+        """The tuner's stop: by its pruner (``rule`` None) or by a monitoring rule."""
+        return cls(StopKind.PRUNED, rule, message)
 
     @classmethod
     def parse(cls, text: str, message: str = "") -> StopReason:

@@ -22,7 +22,8 @@ from prudent.checkpoint.storage import CheckpointStorage, open_storage
 from prudent.checkpoint.writer import CheckpointWriter, SaveResult, load_latest
 from prudent.distributed import ranks_from_env
 from prudent.errors import ConfigError
-from prudent.events import Component, Event
+from prudent.events import Component, Event, EventKind
+from prudent.stop import StopKind
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["Checkpointer"]
 
 SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
-_NO_SAVE_ON = ("pruned", "rule:non_finite")
 
 
 class Checkpointer(Component):
@@ -64,7 +64,7 @@ class Checkpointer(Component):
             return
         for name, why in loaded.skipped:
             self.writer.known_bad.add(name)
-            run.record_event("checkpoint", "skipped", f"{name} {why}; trying an older one",
+            run.record_event(EventKind.CHECKPOINT, "skipped", f"{name} {why}; trying an older one",
                              checkpoint=name)
         if not loaded.payload:
             self._no_usable_checkpoint(run, len(loaded.skipped))
@@ -78,7 +78,7 @@ class Checkpointer(Component):
             raise ConfigError(f"{message}; strict_resume is on, so the run does not start fresh. "
                               "Fix or remove them, or set checkpoint.strict_resume: false")
         print(f"prudent: warning: {message}; starting from scratch", file=sys.stderr)
-        run.record_event("checkpoint", "fresh_start", message + "; starting from scratch")
+        run.record_event(EventKind.CHECKPOINT, "fresh_start", message + "; starting from scratch")
 
     def _resume(self, run: RunContext, name: str, payload: dict[str, Any]) -> None:
         run.load_state_dict(payload["run"])
@@ -87,7 +87,7 @@ class Checkpointer(Component):
         state = run.state
         self._last_position = (state.step, state.epoch, state.batches_in_epoch)
         self.schedule.saved(state.step)
-        run.record_event("checkpoint", "resumed",
+        run.record_event(EventKind.CHECKPOINT, "resumed",
                          f"resumed from {name}: step {state.step}, epoch {state.epoch + 1}, "
                          f"{state.batches_in_epoch} batches into it", checkpoint=name)
 
@@ -118,7 +118,8 @@ class Checkpointer(Component):
 
     def on_stop_requested(self, run: RunContext, reason: StopReason) -> None:
         # a pruned trial is never resumed; non-finite weights are not worth resuming from
-        if self.writer is None or not self.settings.on_stop or str(reason) in _NO_SAVE_ON:
+        worthless = reason.kind is StopKind.PRUNED or reason.rule == "non_finite"
+        if self.writer is None or not self.settings.on_stop or worthless:
             return
         self.writer.wait()
         self._report(run, self.writer.completed())
@@ -126,7 +127,7 @@ class Checkpointer(Component):
             return
         left = run.stop_deadline - time.time() if run.stop_deadline else None
         if left is not None and self._sync_save_s is not None and self._sync_save_s > left:
-            run.record_event("checkpoint", "emergency_skipped",
+            run.record_event(EventKind.CHECKPOINT, "emergency_skipped",
                              f"a save takes about {self._sync_save_s:.1f} s but only {left:.1f} s "
                              f"of notice is left: keeping the newest periodic checkpoint instead")
             return
@@ -138,7 +139,7 @@ class Checkpointer(Component):
             self._report(run, self.writer.completed())
         if self._saved_objects:
             missing = ", ".join(sorted(self._saved_objects))
-            run.record_event("checkpoint", "not_restored", f"the checkpoint holds {missing} but "
+            run.record_event(EventKind.CHECKPOINT, "not_restored", f"the checkpoint holds {missing} but "
                              "the script never attached it: attach it with run.attach(...)")
 
     def save(self, run: RunContext, reason: str, synchronous: bool = False) -> None:
@@ -169,17 +170,17 @@ class Checkpointer(Component):
                 message = (f"checkpoint at step {result.step} failed: {result.error}; the previous "
                            "checkpoint is kept")
                 print(f"prudent: warning: {message}", file=sys.stderr)
-                run.record_event("checkpoint", "save_failed", message, step=result.step)
+                run.record_event(EventKind.CHECKPOINT, "save_failed", message, step=result.step)
                 continue
             self._sync_save_s = result.stall_s + result.write_s  # what an emergency save would take
-            run.record_event("checkpoint", "saved", f"{result.name}: {result.num_bytes / 1e6:.1f} MB, "
+            run.record_event(EventKind.CHECKPOINT, "saved", f"{result.name}: {result.num_bytes / 1e6:.1f} MB, "
                              f"loop blocked {result.stall_s * 1000:.1f} ms, written in "
                              f"{result.write_s:.2f} s", step=result.step, path=result.path,
                              bytes=result.num_bytes, stall_s=result.stall_s, write_s=result.write_s,
                              deleted=result.deleted)
             explanation = self.schedule.measured(result.stall_s, result.write_s)
             if explanation:
-                run.record_event("checkpoint", "interval", explanation,
+                run.record_event(EventKind.CHECKPOINT, "interval", explanation,
                                  interval_s=self.schedule.interval_s, cost_s=self.schedule.cost_s,
                                  mtbi_s=self.schedule.mtbi_s)
             run.emit(Event.CHECKPOINT_SAVED, result.path)

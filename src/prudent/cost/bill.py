@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
+from prudent.stop import StopReason
+
 if TYPE_CHECKING:
     from prudent.store import Store
 
@@ -81,8 +83,8 @@ def run_line(run: dict[str, Any], events: list[dict[str, Any]]) -> BillLine:
     """One run's numbers, from its stored cost and events."""
     attempts = _attempts(events)
     spent = float(run["cost_usd"] or 0.0)
-    reason = run["stop_reason"] or ""
-    early = spent if reason == "pruned" or reason.startswith("rule:") else 0.0
+    reason = StopReason.parse(run["stop_reason"]) if run["stop_reason"] else None
+    early = spent if reason is not None and reason.ends_early else 0.0
     full = _full_cost(spent, attempts) if early else 0.0
     line = BillLine(run["id"], runs=1, spent_usd=spent, stopped_early_usd=early,
                     stopped_early_full_usd=full, saved_early_stop_usd=full - early,

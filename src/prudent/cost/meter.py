@@ -31,7 +31,7 @@ from prudent.cost.policy import (
     project_spend,
 )
 from prudent.cost.settings import CostSettings, PolicySettings
-from prudent.events import Component
+from prudent.events import Component, EventKind
 from prudent.units import parse_duration_s
 
 if TYPE_CHECKING:
@@ -82,11 +82,11 @@ class CostMeter(Component):
         catalog = load_catalog(self.settings.catalog_file)
         self.settings, detected = with_detected(self.settings, run.settings.preemption, catalog)
         if detected:
-            run.record_event("cost", "detect", detected)
+            run.record_event(EventKind.COST, "detect", detected)
         self.job = job_from_settings(self.settings, catalog)  # unknown instance: ConfigError
         policy = load_policy(run.settings)
         self._arm(run, policy)
-        run.record_event("cost", "price", self._price_text(), **self._price())
+        run.record_event(EventKind.COST, "price", self._price_text(), **self._price())
         if self.hourly_usd > 0:
             self._say(run, self._price_text() + self._first_limit_text())
         if self._deadline <= self._t0:  # spent already (a rerun without a raised budget)
@@ -139,7 +139,7 @@ class CostMeter(Component):
         if self._thread is not None:
             self._thread.join(timeout=30)
         breakdown = self.breakdown()
-        run.record_event("cost", "meter", self._summary_text(breakdown), **breakdown,
+        run.record_event(EventKind.COST, "meter", self._summary_text(breakdown), **breakdown,
                          **_progress(run))
         if run.store is not None:
             run.store.update_run(run.id, cost_usd=breakdown["total_usd"])
@@ -197,7 +197,7 @@ class CostMeter(Component):
         limit = self.limits[0]
         total_s = self.prior_s + self.attempt_s()
         message = stop_message(limit, self.total_usd(), total_s, self.hourly_usd, self.attempts)
-        run.record_event("cost", "limit", message, reason=limit.reason, key=limit.key,
+        run.record_event(EventKind.COST, "limit", message, reason=limit.reason, key=limit.key,
                          total_usd=self.total_usd(), total_s=total_s)
         self._say(run, message)
         run.request_stop(limit.reason, message)

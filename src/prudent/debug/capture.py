@@ -31,7 +31,7 @@ from prudent.debug.environment import environment, git_state, user_traceback
 from prudent.debug.probe import IndexedBatches, index_list, non_finite_grads, non_finite_rows
 from prudent.debug.settings import DebugSettings
 from prudent.distributed import ranks_from_env
-from prudent.events import Component
+from prudent.events import Component, EventKind
 from prudent.rng import capture_rng
 
 if TYPE_CHECKING:
@@ -128,7 +128,8 @@ class FailureCapture(Component):
                 if problem is not None:  # seen only now, after the update: the bundle says so
                     self._capture(run, "non_finite", f"{problem} (seen at run.step: the loop "
                                   "does not call run.backward, so after the update)")
-        self._take_pending(run)
+        if self._pending:
+            self._take_pending(run)
 
     def on_capture_requested(self, run: RunContext, reason: str, message: str,
                              error: BaseException | None) -> None:
@@ -175,11 +176,11 @@ class FailureCapture(Component):
         """Write one bundle; never raises (a failing capture must not hide the failure)."""
         kind = _SAME_FAILURE.get(reason, reason)
         if kind in self._kinds_done:
-            run.record_event("capture", "skipped", f"{reason}: this failure was already captured "
+            run.record_event(EventKind.CAPTURE, "skipped", f"{reason}: this failure was already captured "
                              f"to {self._kinds_done[kind]}", path=self._kinds_done[kind])
             return
         if len(self.written) >= self.settings.keep:
-            run.record_event("capture", "skipped", f"{reason}: this run already wrote "
+            run.record_event(EventKind.CAPTURE, "skipped", f"{reason}: this run already wrote "
                              f"{len(self.written)} bundles (debug.keep={self.settings.keep})")
             return
         try:
@@ -187,7 +188,7 @@ class FailureCapture(Component):
         except Exception as exc:  # noqa: BLE001 - report it, keep the original failure visible
             self._kinds_done[kind] = "nowhere (the capture failed)"  # not once per step after it
             text = f"capture at step {run.state.step} failed: {type(exc).__name__}: {exc}"
-            run.record_event("capture", "failed", text)
+            run.record_event(EventKind.CAPTURE, "failed", text)
             self._say(run, f"warning: {text}")
 
     def _write(self, run: RunContext, kind: str, reason: str, message: str,
@@ -241,7 +242,7 @@ class FailureCapture(Component):
         text = (f"{(info['message'] or info['reason']).rstrip('.')} at step {info['step']} (epoch "
                 f"{info['epoch'] + 1}, batch {info['batch_in_epoch']}){found}; bundle {where} "
                 f"({format_size(written.num_bytes)}){left}")
-        run.record_event("capture", "written", text, step=info["step"], path=written.path,
+        run.record_event(EventKind.CAPTURE, "written", text, step=info["step"], path=written.path,
                          bytes=written.num_bytes, reason=info["reason"],
                          sample_indices=samples, left_out=written.left_out)
         command = (shlex.join(["python", *sys.argv]) if sys.argv and sys.argv[0]

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from prudent.events import EventKind
 from prudent.monitor.base import Finding
 from prudent.monitor.settings import ActionSettings, ReduceLRSettings
+from prudent.stop import StopReason
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
@@ -56,7 +58,7 @@ class StopAction(Action):
     name = "stop"
 
     def apply(self, run: RunContext, firing: Firing) -> str:
-        run.request_stop(f"rule:{firing.rule}", firing.finding.message)
+        run.request_stop(StopReason.by_rule(firing.rule, firing.finding.message))
         return "stopping the run"
 
 
@@ -66,7 +68,8 @@ class PruneAction(Action):
     name = "prune"
 
     def apply(self, run: RunContext, firing: Firing) -> str:
-        run.request_stop("pruned", f"rule {firing.rule}: {firing.finding.message}")
+        run.request_stop(StopReason.pruned(f"rule {firing.rule}: {firing.finding.message}",
+                                           rule=firing.rule))
         return "pruning the trial"
 
 
@@ -87,7 +90,7 @@ class CaptureAction(Action):
     name = "capture"
 
     def apply(self, run: RunContext, firing: Firing) -> str:
-        run.record_event("capture_requested", firing.rule, firing.finding.message,
+        run.record_event(EventKind.CAPTURE_REQUESTED, firing.rule, firing.finding.message,
                          step=firing.detected_at, reason=f"rule:{firing.rule}",
                          finding_step=firing.finding.step)
         run.capture(f"rule:{firing.rule}", firing.finding.message)

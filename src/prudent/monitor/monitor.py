@@ -18,8 +18,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from prudent.errors import StopRun, exit_code_for
-from prudent.events import Component
+from prudent.errors import StopRun
+from prudent.events import Component, EventKind
 from prudent.monitor.actions import Action, Firing, build_actions
 from prudent.monitor.base import EvalSample, Finding, Rule, Window
 from prudent.monitor.registry import RULES
@@ -27,10 +27,10 @@ from prudent.monitor.settings import MonitorSettings
 from prudent.monitor.stats import StepStats
 from prudent.monitor.watchdog import StallWatchdog, dump_stacks
 from prudent.monitor.webhook import WebhookSender
+from prudent.stop import StopReason
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
-    from prudent.stop import StopReason
 
 __all__ = ["Monitor", "build_rules"]
 
@@ -72,7 +72,7 @@ class Monitor(Component):
         url = self.settings.actions.alert.url()
         if url:
             self._webhook = WebhookSender(url, self.settings.actions.alert.timeout_s,
-                                          on_error=lambda m: run.record_event("monitor",
+                                          on_error=lambda m: run.record_event(EventKind.MONITOR,
                                                                               "webhook_failed", m))
         if "stalled" in self.rules:
             self._start_watchdog(run)
@@ -104,7 +104,7 @@ class Monitor(Component):
         try:
             self.check(run)  # the last steps' findings are recorded, even if nothing can act
         except Exception as exc:  # noqa: BLE001 - the run must still close its record
-            run.record_event("monitor", "error", f"the final check failed: {exc!r}")
+            run.record_event(EventKind.MONITOR, "error", f"the final check failed: {exc!r}")
         if self._webhook is not None:
             self._webhook.close()
 
@@ -146,7 +146,7 @@ class Monitor(Component):
                 finding = rule.check(window)
             except Exception as exc:  # noqa: BLE001 - a broken user rule must not kill training
                 del self.rules[name]
-                run.record_event("monitor", "rule_error", f"rule {name} raised {exc!r} and is "
+                run.record_event(EventKind.MONITOR, "rule_error", f"rule {name} raised {exc!r} and is "
                                  "switched off for the rest of the run")
                 continue
             if finding is not None:
@@ -166,7 +166,7 @@ class Monitor(Component):
 
     def _announce(self, run: RunContext, firing: Firing, actions: list[str], outcome: str) -> None:
         f = firing.finding
-        run.record_event("rule", firing.rule, f.message, step=f.step, value=_number(f.value),
+        run.record_event(EventKind.RULE, firing.rule, f.message, step=f.step, value=_number(f.value),
                          threshold=_number(f.threshold), action=actions, outcome=outcome,
                          detected_at=firing.detected_at)
         if not self.quiet:
@@ -212,7 +212,7 @@ class Monitor(Component):
         try:
             dump_stacks(run.run_dir / STACKS_FILE, header)
         except OSError as exc:
-            run.record_event("monitor", "stacks_not_written", f"cannot write stacks: {exc}")
+            run.record_event(EventKind.MONITOR, "stacks_not_written", f"cannot write stacks: {exc}")
         self.fire(run, Firing("stalled", finding, run.state.step))
         return True
 
@@ -226,8 +226,9 @@ class Monitor(Component):
     def _on_wake_signal(self, signum: int, _frame: Any) -> None:
         if self._interrupting:
             self._interrupting = False
-            raise StopRun("rule:stalled", "the training loop was stuck and did not reach its "
-                          "stop check; interrupted by prudent (SIGUSR2)")
+            raise StopRun(StopReason.by_rule(
+                "stalled", "the training loop was stuck and did not reach its stop check; "
+                "interrupted by prudent (SIGUSR2)"))
 
     def _interrupt_main(self) -> None:
         self._interrupting = True
@@ -242,15 +243,13 @@ class Monitor(Component):
     def _hard_exit(self, run: RunContext) -> None:
         if not run.exit_on_stop:
             return  # a notebook's kernel is never killed
-        reason = run.stop_requested or "rule:stalled"
-        code = exit_code_for(reason)
-        run.record_event("monitor", "hard_exit", "the training loop ignored SIGUSR2 for "
+        reason = run.pending_stop or StopReason.by_rule("stalled", "the training loop was stuck")
+        run.record_event(EventKind.MONITOR, "hard_exit", "the training loop ignored SIGUSR2 for "
                          f"{self._watchdog.grace_s if self._watchdog else 0:g} s: exiting with "
-                         f"code {code} ({reason})", reason=reason)
-        run.writer.flush(timeout_s=5)
-        run.store.update_run(run.id, status="stopped", stop_reason=reason, ended_at=time.time(),
-                             exit_code=code, step=run.state.step, epoch=run.state.epoch)
-        os._exit(code)
+                         f"code {reason.exit_code} ({reason})", reason=str(reason))
+        # the training thread is stuck: close the record without waiting on the components
+        run.finish("stopped", reason, reason.message, notify=False)
+        os._exit(reason.exit_code)
 
     def _stop_watchdog(self) -> None:
         if self._watchdog is not None:

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from prudent.events import Component
+from prudent.events import Component, EventKind
 from prudent.profile.diagnosis import Facts, diagnose
 from prudent.profile.sampler import MB, SystemSampler
 from prudent.profile.settings import ProfileSettings
@@ -61,21 +61,28 @@ class Profiler(Component):
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         step = run.state.step
-        synced = sampled = False
-        if self._sync is not None:  # CUDA: time device work truly on one step in `every`
-            phase = step % self._every
-            if phase == 0 or phase == self._every - 1:
-                self._sync()  # the step before drains the queue, the sampled one is timed
-                synced, sampled = True, phase == 0
+        if self._sync is not None:  # CUDA
+            self._device_step_end(step, metrics)
+        else:
+            tokens = metrics.get(TOKENS)
+            self.timer.step_end(clock(), 0.0 if tokens is None else _number(tokens))
+        if step >= self._next_special:
+            self._special(run, step, metrics)
+
+    def _device_step_end(self, step: int, metrics: dict[str, Any]) -> None:
+        """Time device work truly on one step in ``sync_every``: the step before drains the
+        queue, the sampled one is timed."""
+        phase = step % self._every
+        synced = phase == 0 or phase == self._every - 1
+        if synced:
+            self._sync()
         tokens = metrics.get(TOKENS)
         compute = self.timer.step_end(clock(), 0.0 if tokens is None else _number(tokens),
                                       synced)  # a drained queue looks like a stall: no outlier
-        if sampled:
+        if phase == 0:
             self._synced[0] += 1
             self._synced[1] += self.timer.last_wait_s
             self._synced[2] += compute
-        if step >= self._next_special:
-            self._special(run, step, metrics)
 
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self.timer.logged(clock())
@@ -161,7 +168,7 @@ class Profiler(Component):
         except Exception as exc:
             self.trace.state = "failed"
             self._trace_info = {"steps": str(self.trace.window), "message": f"failed: {exc!r}"}
-            run.record_event("profile", "trace_failed", f"torch.profiler did not start: {exc!r}")
+            run.record_event(EventKind.PROFILE, "trace_failed", f"torch.profiler did not start: {exc!r}")
 
     def _end_trace(self, run: RunContext, step: int) -> None:
         assert self.trace is not None
@@ -171,10 +178,10 @@ class Profiler(Component):
         except Exception as exc:
             self.trace.state = "failed"
             self._trace_info = {"steps": str(self.trace.window), "message": f"failed: {exc!r}"}
-            run.record_event("profile", "trace_failed", f"the trace was not written: {exc!r}")
+            run.record_event(EventKind.PROFILE, "trace_failed", f"the trace was not written: {exc!r}")
             return
         info = self._trace_info
-        run.record_event("profile", "trace", f"trace of steps {info['steps']} written to "
+        run.record_event(EventKind.PROFILE, "trace", f"trace of steps {info['steps']} written to "
                          f"{info['trace']} (open it in ui.perfetto.dev); operators in "
                          f"{info['ops_table']}", **info)
 
@@ -185,7 +192,7 @@ class Profiler(Component):
         message = (f"--profile-steps {window} was not traced: {why}. Choose a window inside the "
                    "run, e.g. --profile-steps 10:20")
         self._trace_info = {"steps": str(window), "message": message}
-        run.record_event("profile", "trace_skipped", message, steps=str(window))
+        run.record_event(EventKind.PROFILE, "trace_skipped", message, steps=str(window))
         self._say(run, message)
 
     def _close_trace(self, run: RunContext) -> None:
@@ -254,9 +261,9 @@ class Profiler(Component):
             interval_s=self.settings.interval_s)
         self.summary = summary
         for finding in findings:
-            run.record_event("finding", finding.id, finding.message, **finding.evidence)
+            run.record_event(EventKind.FINDING, finding.id, finding.message, **finding.evidence)
         line = summary_line(summary)
-        run.record_event("profile", "summary", line, **summary)
+        run.record_event(EventKind.PROFILE, "summary", line, **summary)
         path = run.run_dir / "profile.json"
         path.write_text(json.dumps({**summary, "timeline": self.sampler.samples}, indent=1,
                                    default=str) + "\n")
