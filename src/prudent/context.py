@@ -181,7 +181,7 @@ class RunContext:
         self.resume_rng = state.get("rng")
 
     # stopping -----------------------------------------------------------------------------
-    def request_stop(self, reason: StopReason | str, message: str = "") -> None:
+    def request_stop(self, reason: StopReason | StopKind | str, message: str = "") -> None:
         """Ask the run to stop at the next step, batch or log; the first request wins.
 
         Safe from a signal handler or another thread: it only sets a field. A string is read
@@ -286,7 +286,9 @@ class RunContext:
             self.finish("completed")
 
 
-def _as_reason(reason: StopReason | str, message: str) -> StopReason:
+def _as_reason(reason: StopReason | StopKind | str, message: str) -> StopReason:
+    if isinstance(reason, StopKind):
+        return StopReason(reason, None, message)
     if isinstance(reason, StopReason):
         return reason if not message or reason.message else StopReason(reason.kind, reason.rule,
                                                                          message)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prudent.events import Component, EventKind
+from prudent.stop import StopKind, StopReason
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
@@ -115,7 +116,7 @@ class PreemptionWatcher(Component):
         self.notice = f"{cloud.upper()} interruption notice: {what}, {left:.0f} s left"
         run.stop_deadline = deadline
         run.record_event(EventKind.PREEMPTION, "notice", self.notice, cloud=cloud, seconds_left=left)
-        run.request_stop("preempted", self.notice)
+        run.request_stop(StopReason(StopKind.PREEMPTED, None, self.notice))
 
     def _get(self, path: str, headers: dict[str, str], method: str = "GET") -> str:
         request = urllib.request.Request(self.settings.metadata_url.rstrip("/") + path,

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from prudent.stop import StopKind, StopReason
+
 __all__ = ["SignalStopper"]
 
 
@@ -38,4 +40,5 @@ class SignalStopper:
 
     def _handle(self, signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
-        self._request_stop("preempted", f"{name} received: stopping at the next step")
+        self._request_stop(StopReason(StopKind.PREEMPTED, None,
+                                       f"{name} received: stopping at the next step"))

@@ -32,6 +32,7 @@ from prudent.cost.policy import (
 )
 from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.events import Component, EventKind
+from prudent.stop import StopKind, StopReason
 from prudent.units import parse_duration_s
 
 if TYPE_CHECKING:
@@ -94,7 +95,8 @@ class CostMeter(Component):
         broken = check_job(policy, replace(self.job, hours=None, budget_usd=None),
                            Spend(), catalog)  # money and time are enforced by the deadline
         if broken:
-            run.request_stop("policy", "; ".join(v.message for v in broken))
+            run.request_stop(StopReason(StopKind.POLICY, None,
+                                        "; ".join(v.message for v in broken)))
         if self.hourly_usd > 0:
             run.gauges["cost_usd"] = self.total_usd()  # the console shows it live
             if run.store is not None:
@@ -200,7 +202,7 @@ class CostMeter(Component):
         run.record_event(EventKind.COST, "limit", message, reason=limit.reason, key=limit.key,
                          total_usd=self.total_usd(), total_s=total_s)
         self._say(run, message)
-        run.request_stop(limit.reason, message)
+        run.request_stop(StopReason(StopKind(limit.reason), None, message))
 
     def _say(self, run: RunContext, text: str) -> None:
         if not self.quiet:

@@ -33,11 +33,11 @@ from prudent.debug.probe import (
     non_finite_grads,
     non_finite_rows,
 )
-from prudent.stop import StopKind, StopReason
 from prudent.errors import ConfigError
 from prudent.events import Component
 from prudent.launch import ENV_REPLAY, ENV_REPLAY_PDB, ENV_REPLAY_STEP, LaunchSpec
 from prudent.rng import restore_rng
+from prudent.stop import StopKind, StopReason
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
@@ -47,7 +47,6 @@ __all__ = ["ENV_REPLAY", "ENV_REPLAY_PDB", "ENV_REPLAY_STEP", "REPORT_FILE", "Bu
            "StepReplay", "replay_from_env"]
 
 REPORT_FILE = "replay.json"
-STOP_REASON = "replay"
 
 
 def replay_from_env() -> Component | None:
@@ -95,7 +94,7 @@ class _Replay(Component):
         if self.use_pdb and self.report["non_finite"]:
             _break_in_user_code(f"prudent replay: step {self.target}: {self.report['summary']}; "
                                 "you are after run.backward(loss) in your loop")
-        run.request_stop(STOP_REASON, f"replayed step {self.target}")
+        run.request_stop(StopReason(StopKind.REPLAY, None, f"replayed step {self.target}"))
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         if run.state.step >= self.target and self.report is None:
@@ -107,7 +106,7 @@ class _Replay(Component):
                 late = f"the run resumed at step {run.state.step}, after step {self.target}"
                 self.report = self._base(run) | {"reached": False, "summary": late}
             self._print(run)
-            run.request_stop(STOP_REASON, f"replayed step {self.target}")
+            run.request_stop(StopReason(StopKind.REPLAY, None, f"replayed step {self.target}"))
 
     def on_capture_requested(self, run: RunContext, reason: str, message: str,
                              error: BaseException | None) -> None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prudent.events import Component
 from prudent.launch import LaunchSpec, PreflightSpec
 from prudent.preflight import structure
+from prudent.stop import StopKind
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
@@ -132,10 +133,10 @@ class PreflightProbe(Component):
         self._last_step_end = now
         self._sample_memory()
         if self.settings.stop_at is not None and run.state.step == self.settings.stop_at:
-            run.request_stop("preempted", f"preflight: a simulated preemption at step "
+            run.request_stop(StopKind.PREEMPTED, f"preflight: a simulated preemption at step "
                              f"{run.state.step}, to check that the run resumes exactly")
         if self.settings.mode == "overfit" and self._overfit_done(run.state.step, loss):
-            run.request_stop("preflight", "preflight: the overfit-one-batch check is done")
+            run.request_stop(StopKind.PREFLIGHT, "preflight: the overfit-one-batch check is done")
 
     def on_epoch_end(self, run: RunContext, epoch: int) -> None:
         tail = time.perf_counter() - self._last_step_end if self._last_step_end else None
