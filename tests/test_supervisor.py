@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from prudent.config import ProjectSettings
@@ -20,7 +22,8 @@ def test_only_preemption_and_crashes_are_relaunched(settings: ProjectSettings, c
 
 def test_a_signal_from_the_user_prevents_relaunch(settings: ProjectSettings) -> None:
     supervisor = Supervisor(["true"], settings, max_restarts=3)
-    supervisor._signals_seen = 1
+    supervisor.forwarder.forward(signal.SIGINT)  # no child running: only counted
+    assert supervisor.signals_seen == 1
     assert not supervisor._should_relaunch(75, attempt=0)
 
 

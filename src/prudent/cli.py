@@ -18,6 +18,7 @@ from prudent.cost import commands as cost_commands
 from prudent.debug.command import replay as replay_command
 from prudent.errors import ConfigError, ExitCode, PrudentError
 from prudent.hparams import parse_set_args
+from prudent.launch import LaunchSpec, setting_var
 from prudent.preflight.command import preflight as preflight_command
 from prudent.store import Store
 from prudent.tune import commands as tune_commands
@@ -57,28 +58,27 @@ def run(
                                          "policy: section); a job that breaks it exits 6."),
     debug: bool = typer.Option(False, "--debug", help="Debug mode: every event logged, anomaly "
                                "detection, deterministic algorithms, a capture on every rule "
-                               "firing (slow; PRUDENT_DEBUG=1)."),
+                               f"firing (slow; {setting_var('debug', 'enabled')}=1)."),
     config: Optional[str] = ConfigOption,
 ) -> None:
     """Supervise a training script: record it, pass --set overrides, forward signals, relaunch."""
     from prudent.profile import parse_step_window
-    from prudent.supervisor import Supervisor, child_environ
+    from prudent.supervisor import Supervisor
 
     overrides = parse_set_args(set_ or [])
     if profile_steps is not None:
         parse_step_window(profile_steps)  # bad input: exit 2 before anything is written
-    cost = cost_commands.cost_environ(instance, spot, nodes, budget_usd, max_hours, policy)
-    settings = load_settings(config, overrides={("profile", "steps"): profile_steps,
-                                                **cost_commands.as_overrides(cost)})
+    given = {("profile", "steps"): profile_steps,
+             **cost_commands.cost_settings(instance, spot, nodes, budget_usd, max_hours, policy)}
+    settings = load_settings(config, overrides=given)
+    debug_env = {"CUBLAS_WORKSPACE_CONFIG": os.environ.get(
+        "CUBLAS_WORKSPACE_CONFIG", ":4096:8")} if debug else {}
+    spec = LaunchSpec(settings={**given, ("debug", "enabled"): "1" if debug else None})
     supervisor = Supervisor(command or [], settings, run_id=run_id, name=name,
                             overrides=overrides, config_path=config, max_restarts=max_restarts,
-                            restart_backoff_s=restart_backoff_s)
+                            restart_backoff_s=restart_backoff_s, spec=spec, extra_env=debug_env)
     cost_commands.check_or_exit(settings)  # a job the policy forbids: exit 6, nothing written
-    debug_env = {"PRUDENT_DEBUG": "1", "CUBLAS_WORKSPACE_CONFIG": os.environ.get(
-        "CUBLAS_WORKSPACE_CONFIG", ":4096:8")} if debug else {}
-    with child_environ(PRUDENT_PROFILE_STEPS=profile_steps, **cost, **debug_env):
-        code = supervisor.run()
-    raise typer.Exit(code)
+    raise typer.Exit(supervisor.run())
 
 
 @app.command()

@@ -1,46 +1,46 @@
 """``prudent run``: launch the training script as a child, watch it, record how it ended.
 
-The child learns its run id, settings and ``--set`` overrides from the environment, so the
-script is unchanged. Output is inherited (a terminal stays a terminal, so progress bars
-work). SIGINT/SIGTERM/SIGHUP reach the child once each; a third signal kills it. If the child
+The child learns its run id, settings and ``--set`` overrides from its launch spec
+(``launch.py``), so the script is unchanged. Output is inherited (a terminal stays a terminal,
+so progress bars work). SIGINT/SIGTERM/SIGHUP reach the child once each; a third signal kills it. If the child
 dies without closing its record (SIGKILL, OOM, a crash before ``prudent.init``), the
 supervisor closes it from the exit status, so ``prudent show`` never lies with "running".
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
 import shlex
 import signal
 import socket
-import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from prudent.config import ProjectSettings
 from prudent.errors import ConfigError, ExitCode, reason_for_exit_code
-from prudent.hparams import ENV_OVERRIDES, dumps_overrides
-from prudent.run import ENV_RUN_ID, ENV_SUPERVISED
-from prudent.session import ENV_RUN_NAME, new_run_id
+from prudent.launch import LaunchSpec
+from prudent.session import new_run_id
+from prudent.spawn import SignalForwarder, spawn
 from prudent.store import Store
 from prudent.units import validate_run_id
 
-__all__ = ["Supervisor", "child_environ"]
+__all__ = ["Supervisor"]
 
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _STOP_REASONS = {"preempted", "budget", "pruned", "policy", "interrupted"}
 
 
 class Supervisor:
+    """Supervises one run. ``spec`` adds to what the child is told (settings given on the
+    command line, a tuning trial); ``extra_env`` sets other variables of the child's."""
+
     def __init__(self, command: Sequence[str], settings: ProjectSettings, *,
                  run_id: str | None = None, name: str | None = None,
                  overrides: Mapping[str, Any] | None = None,
                  config_path: str | None = None, max_restarts: int = 0,
-                 restart_backoff_s: float = 1.0) -> None:
+                 restart_backoff_s: float = 1.0, spec: LaunchSpec | None = None,
+                 extra_env: Mapping[str, str] | None = None) -> None:
         if not command:
             raise ConfigError("no command to run: write it after '--', "
                               "e.g. prudent run -- python train.py")
@@ -54,30 +54,37 @@ class Supervisor:
             raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
         self.max_restarts = max_restarts
         self.restart_backoff_s = restart_backoff_s
-        self._child: subprocess.Popen[bytes] | None = None
-        self._signals_seen = 0
+        self.spec = spec or LaunchSpec()
+        self.extra_env = dict(extra_env or {})
+        self.forwarder = SignalForwarder("prudent: third signal, killing the training process")
+
+    @property
+    def signals_seen(self) -> int:
+        """SIGINT/SIGTERM/SIGHUP received while supervising: any one means no relaunch."""
+        return self.forwarder.signals_seen
 
     def run(self) -> int:
         """Launch, wait, record, relaunch while allowed; returns the CLI's exit code."""
         store = Store.open(self.settings.store)
-        previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED}
         try:
-            self._register(store)
-            attempt = 0
-            while True:
-                code = self._launch_and_wait()
-                self._close_record(store, code)
-                if not self._should_relaunch(code, attempt, store.get_run(self.run_id)):
-                    return code if code >= 0 else 128 - code
-                attempt += 1
-                self._wait_before_relaunch(store, code, attempt)
-                if self._signals_seen:
-                    return code if code >= 0 else 128 - code
-                store.count_restart(self.run_id)
+            with self.forwarder:
+                return self._supervise(store)
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             store.close()
+
+    def _supervise(self, store: Store) -> int:
+        self._register(store)
+        attempt = 0
+        while True:
+            code = self._launch_and_wait()
+            self._close_record(store, code)
+            if not self._should_relaunch(code, attempt, store.get_run(self.run_id)):
+                return code if code >= 0 else 128 - code
+            attempt += 1
+            self._wait_before_relaunch(store, code, attempt)
+            if self.signals_seen:
+                return code if code >= 0 else 128 - code
+            store.count_restart(self.run_id)
 
     def _should_relaunch(self, code: int, attempt: int,
                          record: dict[str, Any] | None = None) -> bool:
@@ -86,7 +93,7 @@ class Supervisor:
         The run's own record wins over the exit code: torchrun reports any worker's non-zero
         exit as 1, which would make a rule's stop look like a crash.
         """
-        if attempt >= self.max_restarts or self._signals_seen:
+        if attempt >= self.max_restarts or self.signals_seen:
             return False
         if record is not None and record["status"] in ("completed", "stopped"):
             return record["stop_reason"] == "preempted"
@@ -101,7 +108,7 @@ class Supervisor:
         print(f"prudent: {message}", file=sys.stderr, flush=True)
         _event(store, self.run_id, "relaunch", message, attempt=attempt, code=code, delay_s=delay)
         deadline = time.monotonic() + delay
-        while time.monotonic() < deadline and not self._signals_seen:
+        while time.monotonic() < deadline and not self.signals_seen:
             time.sleep(min(0.1, delay))
 
     def _register(self, store: Store) -> None:
@@ -112,38 +119,25 @@ class Supervisor:
             store.count_restart(self.run_id)
             _event(store, self.run_id, "relaunch", "prudent run continues this run")
 
-    def _child_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update({ENV_RUN_ID: self.run_id, ENV_SUPERVISED: "1",
-                    ENV_OVERRIDES: dumps_overrides(self.overrides),
-                    "PRUDENT_HOME": str(Path(self.settings.store.home).resolve())})
+    def child_spec(self) -> LaunchSpec:
+        """What the child is told: ``spec`` with this run, its overrides and its store."""
+        settings = {**self.spec.settings,
+                    ("store", "home"): str(Path(self.settings.store.home).resolve())}
         if self.settings.store.url:
-            env["PRUDENT_STORE_URL"] = self.settings.store.url
-        if self.config_path:
-            env["PRUDENT_CONFIG"] = str(Path(self.config_path).resolve())
-        if self.name:
-            env[ENV_RUN_NAME] = self.name
-        return env
+            settings[("store", "url")] = self.settings.store.url
+        config_path = str(Path(self.config_path).resolve()) if self.config_path else None
+        return replace(self.spec, run_id=self.run_id, name=self.name or self.spec.name,
+                       overrides=self.overrides, supervised=True, settings=settings,
+                       config_path=config_path or self.spec.config_path)
 
     def _launch_and_wait(self) -> int:
         try:
-            self._child = subprocess.Popen(self.command, env=self._child_env(),
-                                           start_new_session=True, preexec_fn=_die_with_parent)
+            child = self.forwarder.add(spawn(self.command, self.child_spec(), extra=self.extra_env))
         except OSError as exc:
             print(f"prudent: error: cannot start {self.command[0]!r}: {exc.strerror}",
                   file=sys.stderr)
             return 127
-        return self._child.wait()
-
-    def _forward(self, signum: int, _frame: Any) -> None:
-        self._signals_seen += 1
-        if self._child is None or self._child.poll() is not None:
-            return  # between attempts: no relaunch will follow
-        if self._signals_seen >= 3:
-            print("prudent: third signal, killing the training process", file=sys.stderr)
-            self._child.kill()
-        else:
-            self._child.send_signal(signum)
+        return child.wait()
 
     def _close_record(self, store: Store, code: int) -> None:
         import time
@@ -190,28 +184,3 @@ def _last_step(store: Store, run_id: str) -> int:
 def _guess(command: Sequence[str]) -> str:
     scripts = [Path(a).stem for a in command if a.endswith(".py")]
     return scripts[0] if scripts else Path(command[0]).name
-
-
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM if the supervisor itself is killed (no orphans)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-
-@contextmanager
-def child_environ(**values: str | None) -> Iterator[None]:
-    """Set these PRUDENT_* variables (None: leave alone) for the child processes started
-    meanwhile, which inherit the environment; restore the old values after."""
-    saved = {key: os.environ.get(key) for key in values}
-    os.environ.update({key: value for key, value in values.items() if value is not None})
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

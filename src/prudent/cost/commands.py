@@ -1,5 +1,5 @@
 """The cost side of the command line: ``prudent catalog``, ``policy check``, ``cost``, and the
-cost flags of ``prudent run`` (passed to the child as ``PRUDENT_*`` variables)."""
+cost flags of ``prudent run`` (passed to the child as settings of its launch spec)."""
 
 from __future__ import annotations
 
@@ -18,29 +18,23 @@ if TYPE_CHECKING:
     from prudent.config import ProjectSettings
     from prudent.store import Store
 
-__all__ = ["as_overrides", "bill", "breakdown", "catalog", "check_or_exit", "cost_environ",
-           "policy_app"]
+__all__ = ["bill", "breakdown", "catalog", "check_or_exit", "cost_settings", "policy_app"]
 
 policy_app = typer.Typer(no_args_is_help=True, help="Check jobs against the cost policy.")
 _ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default ./prudent.yaml).")
 
 
 # prudent run -------------------------------------------------------------------------------
-def cost_environ(instance: str | None, spot: bool | None, nodes: int | None,
-                 budget_usd: str | None, max_hours: str | None,
-                 policy: str | None) -> dict[str, str | None]:
-    """``prudent run``'s cost flags as the variables the child reads."""
-    return {"PRUDENT_INSTANCE": instance,
-            "PRUDENT_SPOT": None if spot is None else ("1" if spot else "0"),
-            "PRUDENT_NODES": None if nodes is None else str(nodes),
-            "PRUDENT_BUDGET_USD": budget_usd, "PRUDENT_MAX_HOURS": max_hours,
-            "PRUDENT_POLICY": str(Path(policy).resolve()) if policy else None}
-
-
-def as_overrides(environ: dict[str, str | None]) -> dict[tuple[str, str], Any]:
-    from prudent.config import ENV_SETTINGS
-
-    return {ENV_SETTINGS[var]: value for var, value in environ.items()}
+def cost_settings(instance: str | None, spot: bool | None, nodes: int | None,
+                  budget_usd: str | None, max_hours: str | None,
+                  policy: str | None) -> dict[tuple[str, str], str | None]:
+    """``prudent run``'s cost flags as ``{(section, key): value}`` (None: not given), for
+    ``load_settings`` here and the child's launch spec."""
+    return {("cost", "instance"): instance,
+            ("cost", "spot"): None if spot is None else ("1" if spot else "0"),
+            ("cost", "nodes"): None if nodes is None else str(nodes),
+            ("cost", "budget_usd"): budget_usd, ("cost", "max_hours"): max_hours,
+            ("cost", "policy_file"): str(Path(policy).resolve()) if policy else None}
 
 
 def check_or_exit(settings: ProjectSettings, kind: str = "run", parallel: int = 1) -> None:
@@ -125,7 +119,7 @@ def policy_check(
     if kind not in ("run", "tune") or nodes < 1 or parallel < 1 or (gpus is not None and gpus < 0):
         raise ConfigError(f"--kind {kind!r} --nodes {nodes} --parallel {parallel} --gpus {gpus}: "
                           "kind is run or tune, nodes and parallel >= 1, gpus >= 0")
-    overrides = as_overrides(cost_environ(instance, spot, nodes, budget_usd, hours, policy))
+    overrides = cost_settings(instance, spot, nodes, budget_usd, hours, policy)
     settings = load_settings(config, overrides=overrides)
     table = load_catalog(settings.cost.catalog_file)
     job = replace(job_from_settings(settings.cost, table, kind=kind, parallel=parallel), gpus=gpus)

@@ -59,12 +59,12 @@ def tune(
     """Search hyperparameters: each trial a supervised run; weak and sick trials pruned."""
     from prudent.config import load_settings
     from prudent.cost import commands as cost_commands
-    from prudent.supervisor import child_environ
+    from prudent.launch import LaunchSpec
     from prudent.tune.strategy import DEFAULT_PRUNER, DEFAULT_SAMPLER
     from prudent.tune.tuner import TuneOptions, Tuner, parse_enqueue
     from prudent.units import parse_duration_s, parse_usd
 
-    cost = cost_commands.cost_environ(instance, spot, None, None, None, policy)
+    cost = cost_commands.cost_settings(instance, spot, None, None, None, policy)
     options = TuneOptions(
         command=list(command or []), space=space, objective=objective, direction=direction,
         trials=trials, workers=workers,
@@ -73,12 +73,11 @@ def tune(
         pruner=pruner or DEFAULT_PRUNER, study=study_name, storage=storage,
         enqueue=parse_enqueue(enqueue or []), max_epochs=max_epochs, epoch_s=epoch_s, seed=seed,
         config_path=config, max_restarts=max_restarts, warm_start=warm_start)
-    settings = load_settings(config, overrides=cost_commands.as_overrides(cost))
-    tuner = Tuner(options, settings)  # bad space, flags or study: exit 2 before anything runs
+    settings = load_settings(config, overrides=cost)
+    # bad space, flags or study: exit 2 before anything runs
+    tuner = Tuner(options, settings, spec=LaunchSpec(settings=cost))
     cost_commands.check_or_exit(settings, kind="tune", parallel=workers)
-    with child_environ(**cost):
-        code = tuner.run()
-    raise typer.Exit(code)
+    raise typer.Exit(tuner.run())
 
 
 def study(

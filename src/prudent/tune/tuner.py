@@ -8,27 +8,23 @@ storage, objective/direction against an existing study, policy), prints the proj
 
 from __future__ import annotations
 
-import ctypes
 import json
-import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from prudent.config import ProjectSettings
 from prudent.errors import ConfigError
+from prudent.launch import LaunchSpec
+from prudent.spawn import SignalForwarder, spawn
 from prudent.tune.space import SearchSpace, load_space
 from prudent.tune.strategy import DEFAULT_PRUNER, DEFAULT_SAMPLER, PRUNERS, SAMPLERS
 
 __all__ = ["TuneOptions", "Tuner", "parse_enqueue"]
-
-_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 @dataclass
@@ -89,7 +85,11 @@ class TuneOptions:
 
 
 class Tuner:
-    def __init__(self, options: TuneOptions, settings: ProjectSettings, *, quiet: bool = False) -> None:
+    """Runs a study. ``spec`` adds to what each worker (and so each trial) is told, e.g. the
+    cost settings given on the command line."""
+
+    def __init__(self, options: TuneOptions, settings: ProjectSettings, *, quiet: bool = False,
+                 spec: LaunchSpec | None = None) -> None:
         from prudent.tune.study import validate_study_name
 
         self.options = options
@@ -98,8 +98,8 @@ class Tuner:
         self.name = validate_study_name(options.study or _guess_name(options.command))
         self.home = str(Path(settings.store.home).resolve())
         self.quiet = quiet
-        self._workers: list[subprocess.Popen[bytes]] = []
-        self._signals = 0
+        self.spec = spec or LaunchSpec()
+        self.forwarder = SignalForwarder()
 
     # the whole of `prudent tune` ---------------------------------------------------------
     def run(self) -> int:
@@ -160,7 +160,7 @@ class Tuner:
 
     # workers ----------------------------------------------------------------------------
     def _work(self, storage: str, projection: Any) -> int:
-        from prudent.tune.worker import ENV_JOB, FATAL_CODE, TuneJob
+        from prudent.tune.worker import FATAL_CODE, TuneJob
 
         o = self.options
         job = TuneJob(study=self.name, storage=storage, home=self.home, command=o.command,
@@ -169,44 +169,33 @@ class Tuner:
                       deadline=time.time() + o.timeout_s if o.timeout_s else None,
                       trial_usd_estimate=projection.trial_usd, seed=o.seed,
                       config_path=o.config_path, max_restarts=o.max_restarts)
-        main = threading.current_thread() is threading.main_thread()  # prudent.tune() in a thread
-        previous = {sig: signal.signal(sig, self._forward) for sig in _FORWARDED} if main else {}
-        try:
+        with self.forwarder:
             for index in range(o.workers):
-                env = {**os.environ, ENV_JOB: job.dumps(), "PRUDENT_TUNE_WORKER_INDEX": str(index)}
-                # own session: a terminal's Ctrl-C reaches a worker once, through _forward
-                self._workers.append(subprocess.Popen(
-                    [sys.executable, "-m", "prudent.tune.worker"], env=env,
-                    start_new_session=True, preexec_fn=_die_with_parent))
+                # own session: a terminal's Ctrl-C reaches a worker once, through the forwarder
+                self.forwarder.add(spawn([sys.executable, "-m", "prudent.tune.worker"],
+                                         replace(self.spec, tune_job=job.as_dict(),
+                                                 tune_worker=index)))
             codes = self._wait_all(FATAL_CODE)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         if FATAL_CODE in codes:
             return FATAL_CODE
-        if self._signals:
+        if self.forwarder.signals_seen:
             return 130
         return 0 if all(c == 0 for c in codes) else 1
 
     def _wait_all(self, fatal: int) -> list[int]:
         """Wait for every worker; one that finds the study broken stops the others."""
+        workers = self.forwarder.children
         stopped_others = False
         while True:
-            codes = [w.poll() for w in self._workers]
+            codes = [w.poll() for w in workers]
             if all(c is not None for c in codes):
                 return [int(c) for c in codes]  # type: ignore[arg-type]
             if fatal in codes and not stopped_others:
                 stopped_others = True
-                for worker in self._workers:
+                for worker in workers:
                     if worker.poll() is None:
                         worker.send_signal(signal.SIGTERM)
             time.sleep(0.1)
-
-    def _forward(self, signum: int, _frame: Any) -> None:
-        self._signals += 1
-        for worker in self._workers:
-            if worker.poll() is None:
-                worker.send_signal(signal.SIGKILL if self._signals >= 3 else signum)
 
     # projection -------------------------------------------------------------------------
     def _projection(self, study: Any) -> Any:
@@ -307,15 +296,6 @@ def _clear_halt(home: str, name: str) -> None:
     from prudent.tune.study import study_dir
 
     (study_dir(home, name) / "halt").unlink(missing_ok=True)
-
-
-def _die_with_parent() -> None:
-    """Linux: a worker gets SIGTERM if ``prudent tune`` is killed (its trials checkpoint)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-        except OSError:
-            pass
 
 
 def dumps_summary(summary: Mapping[str, Any]) -> str:

@@ -7,7 +7,7 @@ events stay linked. A trial whose worker died (the worker's pid and host are in 
 user attributes) is claimed by the next worker on that host and resumed from its checkpoint
 under the same run id, keeping its number: no trial is lost or run twice.
 
-Run as ``python -m prudent.tune.worker`` with the job in ``PRUDENT_TUNE_JOB`` (JSON).
+Run as ``python -m prudent.tune.worker`` with the job in its launch spec (``launch.py``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from prudent.errors import ConfigError, ExitCode
+from prudent.launch import ENV_RUN_ID, ENV_TUNE_JOB, LaunchSpec, TrialSpec
 from prudent.supervisor import Supervisor
 
 __all__ = ["ENV_JOB", "FATAL_CODE", "TuneJob", "main"]
 
-ENV_JOB = "PRUDENT_TUNE_JOB"
+ENV_JOB = ENV_TUNE_JOB
 FATAL_CODE = int(ExitCode.BAD_INPUT)  # a worker that found the study cannot go on
 _INTERRUPTED = {int(ExitCode.PREEMPTED), int(ExitCode.INTERRUPTED), 128 + signal.SIGTERM}
 _ORPHAN_WAIT_S = 60.0
@@ -54,6 +55,9 @@ class TuneJob:
     config_path: str | None = None
     max_restarts: int = 0
 
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     def dumps(self) -> str:
         return json.dumps(asdict(self))
 
@@ -75,17 +79,6 @@ class FatalStudyError(ConfigError):
     """The study cannot go on (the objective is never logged, the script rejects the space)."""
 
 
-class _TrialSupervisor(Supervisor):
-    """A supervised run that also tells the training process which trial it is."""
-
-    def __init__(self, *args: Any, trial_env: Mapping[str, str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.trial_env = dict(trial_env)
-
-    def _child_env(self) -> dict[str, str]:
-        return {**super()._child_env(), **self.trial_env}
-
-
 class Worker:
     def __init__(self, job: TuneJob, index: int = 0) -> None:
         from prudent.config import load_settings
@@ -97,9 +90,11 @@ class Worker:
         self.job, self.index = job, index
         self.settings = load_settings(job.config_path)
         seed = None if job.seed is None else job.seed + index
-        self.study = load(job.study, open_storage(job.storage),
+        self.storage = open_storage(job.storage)  # kept: trial ids and attributes go through it
+        self.study = load(job.study, self.storage,
                           sampler=make_sampler(job.sampler, workers=job.workers, seed=seed),
                           pruner=make_pruner(job.pruner["name"], **job.pruner.get("args", {})))
+        self.study_id = self.storage.get_study_id_from_name(self.study.study_name)
         self.meta = meta_of(self.study)
         self.space = load_space(self.meta["space"])
         self.store = Store.open(self.settings.store)
@@ -149,9 +144,10 @@ class Worker:
                 if owner:  # its worker died between ask and launch: it never ran
                     self.study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
                 continue  # else being asked right now by a worker on another machine
-            self.study._storage.set_trial_user_attr(trial._trial_id, "worker", self.me)
-            return Task(trial.number, trial._trial_id, dict(trial.params),
-                        trial.user_attrs["run_id"], resumed=True)
+            trial_id = self._id_of(trial.number)
+            self.storage.set_trial_user_attr(trial_id, "worker", self.me)
+            return Task(trial.number, trial_id, dict(trial.params), trial.user_attrs["run_id"],
+                        resumed=True)
         return None
 
     def _winding_down(self) -> bool:
@@ -177,7 +173,10 @@ class Worker:
         run_id = f"{self.job.study}-{self.meta['token']}-t{trial.number:04d}"[-128:]
         trial.set_user_attr("worker", self.me)
         trial.set_user_attr("run_id", run_id)
-        return Task(trial.number, trial._trial_id, params, run_id)
+        return Task(trial.number, self._id_of(trial.number), params, run_id)
+
+    def _id_of(self, number: int) -> int:
+        return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
 
     def _why_not_another(self) -> str:
         from prudent.tune.budget import next_trial_fits
@@ -218,20 +217,19 @@ class Worker:
         return self._settle(task, code)
 
     def _launch(self, task: Task) -> int:
-        from prudent.tune.trial import trial_env
-
         if self.stopping:  # told to stop after this trial was picked: it stays resumable
             return int(ExitCode.INTERRUPTED)
 
-        env = trial_env(storage=self.job.storage, study=self.job.study, trial_id=task.trial_id,
-                        number=task.number, objective=self.job.objective, pruner=self.job.pruner)
-        supervisor = _TrialSupervisor(
+        trial = TrialSpec(storage=self.job.storage, study=self.job.study, trial_id=task.trial_id,
+                          number=task.number, objective=self.job.objective,
+                          pruner=dict(self.job.pruner))
+        supervisor = Supervisor(
             self.job.command, self.settings, run_id=task.run_id,
             name=f"{self.job.study}-trial-{task.number}", overrides=task.params,
             config_path=self.job.config_path, max_restarts=self.job.max_restarts,
-            trial_env=env)
+            spec=LaunchSpec(trial=trial))
         code = supervisor.run()
-        if supervisor._signals_seen:
+        if supervisor.signals_seen:
             self.stopping = True
         return code
 
@@ -256,12 +254,12 @@ class Worker:
         reason = record.get("stop_reason")
         if code in _INTERRUPTED or code < 0 or reason in ("preempted", "interrupted"):
             # left RUNNING on purpose: the next `prudent tune` resumes it from its checkpoint
-            self.study._storage.set_trial_user_attr(task.trial_id, "worker", None)
+            self.storage.set_trial_user_attr(task.trial_id, "worker", None)
             self.stopping = True
             return False
         attrs = self._outcome_attrs(task, record)
         for key, value in attrs.items():
-            self.study._storage.set_trial_user_attr(task.trial_id, key, value)
+            self.storage.set_trial_user_attr(task.trial_id, key, value)
         if code == ExitCode.COMPLETED:
             value = self._objective(task, record)
             self.study.tell(task.number, value, state=State.COMPLETE)
@@ -270,7 +268,7 @@ class Worker:
         else:
             self.study.tell(task.number, state=State.FAIL)
             if code == ExitCode.BAD_INPUT:
-                self.study._storage.set_trial_user_attr(task.trial_id, "fatal", True)
+                self.storage.set_trial_user_attr(task.trial_id, "fatal", True)
                 raise FatalStudyError(
                     f"trial {task.number} (run {task.run_id}) exited with code 2: the script "
                     f"rejected its configuration {task.params} (see its error above); fix the "
@@ -279,7 +277,7 @@ class Worker:
 
     def _outcome_attrs(self, task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
         attrs: dict[str, Any] = {"cost_usd": float(record.get("cost_usd") or 0.0),
-                                 "epochs": _epochs(self.study, task, record),
+                                 "epochs": _epochs(self.storage, task, record),
                                  "steps": int(record.get("step") or 0)}
         reason = record.get("stop_reason")
         if reason == "pruned" or (reason or "").startswith("rule:"):
@@ -293,7 +291,7 @@ class Worker:
         if series and series[-1] is not None:
             return float(series[-1])
         logged = sorted(self.store.last_metrics(task.run_id))
-        self.study._storage.set_trial_user_attr(task.trial_id, "fatal", True)
+        self.storage.set_trial_user_attr(task.trial_id, "fatal", True)
         self.study.tell(task.number, state=__import__("optuna").trial.TrialState.FAIL)
         if series:
             raise FatalStudyError(f"trial {task.number} completed but its objective "
@@ -306,8 +304,8 @@ class Worker:
 
 
 # helpers ----------------------------------------------------------------------------------
-def _epochs(study: Any, task: Task, record: Mapping[str, Any]) -> int:
-    reported = study._storage.get_trial(task.trial_id).intermediate_values
+def _epochs(storage: Any, task: Task, record: Mapping[str, Any]) -> int:
+    reported = storage.get_trial(task.trial_id).intermediate_values
     return max([int(record.get("epoch") or 0), *map(int, reported)])
 
 
@@ -365,7 +363,7 @@ def _pid_runs(pid: int, run_id: str) -> bool:
     try:
         process = psutil.Process(int(pid))
         return process.status() != psutil.STATUS_ZOMBIE and process.environ().get(
-            "PRUDENT_RUN_ID") == run_id
+            ENV_RUN_ID) == run_id
     except (psutil.Error, OSError):
         return False
 
@@ -383,14 +381,13 @@ def _halted(job: TuneJob) -> bool:
 
 
 def main() -> None:
-    raw = os.environ.get(ENV_JOB)
-    if not raw:
-        print(f"prudent: error: {ENV_JOB} is not set: workers are started by prudent tune",
-              file=sys.stderr)
-        sys.exit(FATAL_CODE)
-    index = int(os.environ.get("PRUDENT_TUNE_WORKER_INDEX", "0"))
     try:
-        code = Worker(TuneJob.loads(raw), index).run()
+        spec = LaunchSpec.from_env()
+        if spec.tune_job is None:
+            print(f"prudent: error: {ENV_JOB} is not set: workers are started by prudent tune",
+                  file=sys.stderr)
+            sys.exit(FATAL_CODE)
+        code = Worker(TuneJob(**spec.tune_job), spec.tune_worker or 0).run()
     except ConfigError as exc:
         print(f"prudent: error: {exc}", file=sys.stderr)
         code = FATAL_CODE
