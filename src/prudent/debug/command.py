@@ -1,7 +1,7 @@
 """``prudent replay``: reproduce a failed step on this machine, in the user's unchanged script.
 
 ``prudent replay BUNDLE -- python train.py`` checks the bundle (a corrupted one is refused, exit
-2), then runs the script in a fresh replay run with ``PRUDENT_REPLAY`` pointing at the bundle.
+2), then runs the script in a fresh replay run whose launch spec points at the bundle.
 ``prudent replay RUN --step S -- python train.py`` copies the newest checkpoint of RUN before
 step S into a fresh replay run (the original's checkpoints are only read) and runs the script to
 step S in debug mode. Either way the script's report (``replay.json``) is printed; the exit code
@@ -10,6 +10,7 @@ is 0 when the failure was reproduced, 1 when not, 2 for bad input.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,7 +22,8 @@ import typer
 
 from prudent.config import ProjectSettings, load_settings
 from prudent.errors import ConfigError, ExitCode
-from prudent.hparams import ENV_OVERRIDES, dumps_overrides
+from prudent.launch import ENV_SUPERVISED, LaunchSpec, ReplaySpec
+from prudent.spawn import spawn
 from prudent.store import Store
 
 __all__ = ["replay", "replay_command"]
@@ -60,13 +62,14 @@ def replay_command(target: str, step: int | None, use_pdb: bool, as_json: bool,
                               "without a bundle give the step: prudent replay RUN --step S -- ...")
         bundle = read_bundle(target)
         replay_id = new_run_id(f"replay-{bundle.info.get('run_name') or 'bundle'}")
-        env = _bundle_env(str(bundle.path.resolve()))
+        replay = ReplaySpec(bundle=str(bundle.path.resolve()), pdb=use_pdb)
+        given = dict(_QUIET)  # only the replayed step matters: no checkpoints, rules or profile
         source = {"bundle": str(bundle.path), "run_id": bundle.info.get("run_id")}
         hparams = bundle.info.get("config") or {}
     else:
-        replay_id, env, source, hparams = _prepare_step(settings, target, step)
-    env.update(_common_env(settings, replay_id, hparams, use_pdb, config_path))
-    code = _launch(command, env)
+        replay_id, given, source, hparams = _prepare_step(settings, target, step)
+        replay = ReplaySpec(step=step, pdb=use_pdb)
+    code = _launch(command, _spec(settings, replay_id, hparams, replay, given, config_path))
     report = _read_report(settings, replay_id)
     if code == ExitCode.BAD_INPUT or report is None:
         return code if code == ExitCode.BAD_INPUT else int(ExitCode.ERROR)
@@ -80,34 +83,23 @@ def replay_command(target: str, step: int | None, use_pdb: bool, as_json: bool,
     return 0 if report.get("reproduced") else int(ExitCode.ERROR)
 
 
-def _bundle_env(path: str) -> dict[str, str]:
-    from prudent.debug.replay import ENV_REPLAY
-
-    # only the replayed step matters: no checkpoints, rules or profile of the replay itself
-    return {ENV_REPLAY: path, "PRUDENT_CHECKPOINT": "0", "PRUDENT_MONITOR": "0",
-            "PRUDENT_PROFILE": "0"}
+_QUIET = {("checkpoint", "enabled"): "0", ("monitor", "enabled"): "0",
+          ("profile", "enabled"): "0"}
 
 
-def _common_env(settings: ProjectSettings, replay_id: str, hparams: dict[str, Any],
-                use_pdb: bool, config_path: str | None) -> dict[str, str]:
-    from prudent.debug.mode import CUBLAS_WORKSPACE
-    from prudent.debug.replay import ENV_REPLAY_PDB
-
-    env = {"PRUDENT_RUN_ID": replay_id, "PRUDENT_HOME": str(Path(settings.store.home).resolve()),
-           ENV_OVERRIDES: dumps_overrides(hparams), ENV_REPLAY_PDB: "1" if use_pdb else "0",
-           "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)}
+def _spec(settings: ProjectSettings, replay_id: str, hparams: dict[str, Any], replay: ReplaySpec,
+          given: dict[tuple[str, str], str], config_path: str | None) -> LaunchSpec:
+    given = {**given, ("store", "home"): str(Path(settings.store.home).resolve())}
     if settings.store.url:
-        env["PRUDENT_STORE_URL"] = settings.store.url
-    if config_path:
-        env["PRUDENT_CONFIG"] = str(Path(config_path).resolve())
-    return env
+        given[("store", "url")] = settings.store.url
+    return LaunchSpec(run_id=replay_id, overrides=hparams, replay=replay, settings=given,
+                      config_path=str(Path(config_path).resolve()) if config_path else None)
 
 
 def _prepare_step(settings: ProjectSettings, ref: str, step: int
-                  ) -> tuple[str, dict[str, str], dict[str, Any], dict[str, Any]]:
+                  ) -> tuple[str, dict[tuple[str, str], str], dict[str, Any], dict[str, Any]]:
     """Copy RUN's newest checkpoint before ``step`` into a fresh replay run's folder."""
     from prudent.cli import resolve_run
-    from prudent.debug.replay import ENV_REPLAY_STEP
     from prudent.session import new_run_id
 
     if step < 1:
@@ -122,13 +114,12 @@ def _prepare_step(settings: ProjectSettings, ref: str, step: int
     home = Path(settings.store.home).resolve()
     target = home / "runs" / replay_id / "checkpoints"
     copied = _copy_checkpoint_before(settings, home, run_id, step, target)
-    env = {ENV_REPLAY_STEP: str(step), "PRUDENT_DEBUG": "1", "PRUDENT_CHECKPOINT": "1",
-           "PRUDENT_CHECKPOINT_URL": str(target),
-           "PRUDENT_CHECKPOINT_EVERY": "off", "PRUDENT_MONITOR": "0", "PRUDENT_PROFILE": "0"}
+    given = {**_QUIET, ("debug", "enabled"): "1", ("checkpoint", "enabled"): "1",
+             ("checkpoint", "url"): str(target), ("checkpoint", "every"): "off"}
     print(f"prudent replay: run {run_id} to step {step} in debug mode, from "
           f"{copied or 'the start (no checkpoint before that step)'}; replay run {replay_id}",
           file=sys.stderr, flush=True)
-    return replay_id, env, {"run_id": run_id, "checkpoint": copied}, record.get("config") or {}
+    return replay_id, given, {"run_id": run_id, "checkpoint": copied}, record.get("config") or {}
 
 
 def _copy_checkpoint_before(settings: ProjectSettings, home: Path, run_id: str, step: int,
@@ -154,25 +145,37 @@ class _StepsBefore:
     """A read-only view of a checkpoint storage that shows only checkpoints before ``step``."""
 
     def __init__(self, storage: Any, step: int) -> None:
-        self._storage, self._step = storage, step
+        self.source, self._step = storage, step
         self.url = storage.url
 
     def checkpoints(self) -> list[str]:
         from prudent.checkpoint.storage import step_of
 
-        return [n for n in self._storage.checkpoints() if (step_of(n) or 0) < self._step]
+        return [n for n in self.source.checkpoints() if (step_of(n) or 0) < self._step]
 
     def read(self, name: str, filename: str) -> bytes | None:
-        return self._storage.read(name, filename)  # type: ignore[no-any-return]
+        return self.source.read(name, filename)  # type: ignore[no-any-return]
 
 
-def _launch(command: list[str], env: dict[str, str]) -> int:
-    child_env = {k: v for k, v in os.environ.items() if k not in ("PRUDENT_SUPERVISED",)}
-    child_env.update(env)
+def _launch(command: list[str], spec: LaunchSpec) -> int:
+    """Run the script in this terminal's foreground (pdb needs it); Ctrl-C reaches it directly."""
+    from prudent.debug.mode import CUBLAS_WORKSPACE
+
+    cublas = {"CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG",
+                                                        CUBLAS_WORKSPACE)}
     try:
-        return subprocess.run(command, env=child_env, check=False).returncode
+        child = spawn(command, spec, extra=cublas, drop=[ENV_SUPERVISED], new_session=False)
     except OSError as exc:
         raise ConfigError(f"cannot start {command[0]!r}: {exc.strerror}") from None
+    with child:
+        try:
+            return child.wait()
+        except BaseException as exc:  # as subprocess.run: nothing outlives the command
+            if isinstance(exc, KeyboardInterrupt):  # the child got it too: a moment to end
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=0.25)
+            child.kill()
+            raise
 
 
 def _read_report(settings: ProjectSettings, replay_id: str) -> dict[str, Any] | None:

@@ -26,20 +26,23 @@ from pathlib import Path
 from typing import Any
 
 from prudent.errors import ConfigError
-from prudent.preflight.probe import (
-    ENV_MODE,
-    ENV_OUT,
-    ENV_OVERFIT_STEPS,
-    ENV_STEPS,
-    ENV_STOP_AT,
+from prudent.launch import (
+    ENV_PREFLIGHT_STOP_AT,
+    ENV_RUN_ID,
+    ENV_RUN_NAME,
+    ENV_SUPERVISED,
+    LaunchSpec,
+    PreflightSpec,
+    setting_var,
 )
+from prudent.spawn import spawn
 
 __all__ = ["PhaseResult", "PreflightResult", "PreflightRunner", "choose_stop_step"]
 
 # a user's own values of these must not leak into a smoke run (cost, a relaunch's identity)
-_CLEARED = ("PRUDENT_RUN_ID", "PRUDENT_RUN_NAME", "PRUDENT_SUPERVISED", "PRUDENT_INSTANCE",
-            "PRUDENT_BUDGET_USD", "PRUDENT_MAX_HOURS", "PRUDENT_POLICY", "PRUDENT_PROFILE_STEPS",
-            ENV_STOP_AT)
+_CLEARED = (ENV_RUN_ID, ENV_RUN_NAME, ENV_SUPERVISED, ENV_PREFLIGHT_STOP_AT)
+_CLEARED_SETTINGS = (("cost", "instance"), ("cost", "budget_usd"), ("cost", "max_hours"),
+                     ("cost", "policy_file"), ("profile", "steps"))
 
 
 @dataclass
@@ -144,35 +147,35 @@ class PreflightRunner:
     # processes ------------------------------------------------------------------------------
     def _start(self, phase: str, run_id: str, stop_at: int | None = None) -> _Process:
         out = self._home / "records" / f"{phase}.json"
-        env = self._environ(phase, f"preflight-{run_id}", out, stop_at)
+        spec = self._spec(phase, f"preflight-{run_id}", out, stop_at)
+        # the same thread count in every phase: the same numerics
+        threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", self._threads)}
+        cleared = [*_CLEARED, *(setting_var(*pair) for pair in _CLEARED_SETTINGS)]
         logs = self._home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{phase}.out", "wb") as stdout, \
                 open(logs / f"{phase}.err", "wb") as stderr:
             try:
-                popen = subprocess.Popen(self.command, env=env, stdout=stdout, stderr=stderr,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                popen = spawn(self.command, spec, extra=threads, drop=cleared, stdout=stdout,
+                              stderr=stderr, stdin=subprocess.DEVNULL)
             except OSError as exc:
                 raise ConfigError(f"cannot start {self.command[0]!r}: {exc.strerror}") from None
         self._started.append(_Process(phase, popen, out, logs, time.monotonic()))
         return self._started[-1]
 
-    def _environ(self, phase: str, run_id: str, out: Path, stop_at: int | None) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
-        env.update({
-            "PRUDENT_SMOKE": "1", "PRUDENT_HOME": str(self._home), "PRUDENT_RUN_ID": run_id,
-            "PRUDENT_STORE_URL": f"sqlite:///{self._home / 'prudent.db'}",
-            "PRUDENT_CHECKPOINT_URL": str(self._home / "checkpoints" / run_id),
-            "PRUDENT_CHECKPOINT_EVERY": f"{max(2, self.steps // 2)}steps",
+    def _spec(self, phase: str, run_id: str, out: Path, stop_at: int | None) -> LaunchSpec:
+        settings = {
+            ("store", "home"): str(self._home),
+            ("store", "url"): f"sqlite:///{self._home / 'prudent.db'}",
+            ("checkpoint", "url"): str(self._home / "checkpoints" / run_id),
+            ("checkpoint", "every"): f"{max(2, self.steps // 2)}steps",
             # preflight judges the steps itself: no rule stops, no capture bundles, no anomaly mode
-            "PRUDENT_MONITOR": "false", "PRUDENT_CAPTURE": "false", "PRUDENT_DEBUG": "false",
-            "PRUDENT_CONSOLE": "off", "PRUDENT_DEVICE": self.device,
-            ENV_MODE: "overfit" if phase == "overfit" else "smoke", ENV_STEPS: str(self.steps),
-            ENV_OVERFIT_STEPS: str(self.overfit_steps), ENV_OUT: str(out)})
-        env.setdefault("OMP_NUM_THREADS", self._threads)  # the same in every phase: same numerics
-        if stop_at is not None:
-            env[ENV_STOP_AT] = str(stop_at)
-        return env
+            ("monitor", "enabled"): "false", ("debug", "capture"): "false",
+            ("debug", "enabled"): "false", ("console", "mode"): "off",
+            ("run", "device"): self.device}
+        asked = PreflightSpec(mode="overfit" if phase == "overfit" else "smoke", steps=self.steps,
+                              stop_at=stop_at, out=str(out), overfit_steps=self.overfit_steps)
+        return LaunchSpec(run_id=run_id, smoke=True, settings=settings, preflight=asked)
 
     def _reached_init(self, process: _Process) -> bool:
         """Wait until the script called prudent.init (its probe wrote) or ended."""
