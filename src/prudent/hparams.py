@@ -1,25 +1,23 @@
 """The user's hyperparameters (``run.config``): the ``init`` dict plus overrides.
 
 Overrides come from ``prudent run --set key=value`` or the tuner and reach the training
-process through ``PRUDENT_SET`` (JSON). A key the script's config does not have is an error:
-a typo must never silently train with the default.
+process through the launch spec (``launch.py``). A key the script's config does not have is
+an error: a typo must never silently train with the default.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
 
 from prudent.errors import ConfigError
+from prudent.launch import ENV_OVERRIDES, overrides_from_env
 
 __all__ = ["ENV_OVERRIDES", "apply_overrides", "overrides_from_env", "parse_set_args"]
-
-ENV_OVERRIDES = "PRUDENT_SET"
 
 
 def parse_set_args(items: Iterable[str]) -> dict[str, Any]:
@@ -39,19 +37,6 @@ def parse_set_args(items: Iterable[str]) -> dict[str, Any]:
             problem = str(exc).splitlines()[0]
             raise ConfigError(f"--set {item!r}: value is not valid YAML ({problem})") from None
     return parsed
-
-
-def overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    raw = (os.environ if environ is None else environ).get(ENV_OVERRIDES, "")
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{ENV_OVERRIDES} is not JSON ({exc}): it is set by prudent run") from None
-    if not isinstance(value, dict):
-        raise ConfigError(f"{ENV_OVERRIDES} must be a JSON object, got {raw!r}")
-    return value
 
 
 def apply_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,7 +98,3 @@ def _mismatch(key: str, default: Any, value: Any) -> Any:
         f"expected {type(default).__name__} like the default {default!r}, "
         f"got {type(value).__name__} {value!r}"
     )
-
-
-def dumps_overrides(overrides: Mapping[str, Any]) -> str:
-    return json.dumps(dict(overrides), sort_keys=True)

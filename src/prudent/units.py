@@ -16,7 +16,7 @@ _SECONDS = {None: 1.0, "ms": 1e-3, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0,
 
 
 def validate_run_id(run_id: str) -> str:
-    """A run id names a folder under ``$PRUDENT_HOME/runs``, so it must be a safe file name."""
+    """A run id names a folder under ``<store.home>/runs``, so it must be a safe file name."""
     if not _RUN_ID.match(run_id or "") or run_id in {".", ".."}:
         raise ConfigError(
             f"run id {run_id!r} is invalid: use 1-128 letters, digits, '.', '_' or '-', "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from prudent.errors import ConfigError
+from prudent.launch import ENV_S3_ENDPOINT_URL
 
 __all__ = ["CheckpointStorage", "FsspecStorage", "LocalStorage", "open_storage"]
 
@@ -194,7 +195,7 @@ def open_storage(url: str) -> CheckpointStorage:
     except ValueError:
         raise ConfigError(f"checkpoint url {url!r} has an unknown scheme {protocol!r}: use a "
                           "local folder or an fsspec URL such as s3://bucket/prefix") from None
-    endpoint = os.environ.get("PRUDENT_S3_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = os.environ.get(ENV_S3_ENDPOINT_URL) or os.environ.get("AWS_ENDPOINT_URL")
     options = {"client_kwargs": {"endpoint_url": endpoint}} if endpoint and protocol.startswith("s3") else {}
     return FsspecStorage(url, **options)
 

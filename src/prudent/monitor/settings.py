@@ -31,6 +31,7 @@ from pydantic import (
     model_validator,
 )
 
+from prudent.launch import ENV_ALERT_WEBHOOK
 from prudent.monitor.base import RuleSettings
 from prudent.monitor.registry import RULES, import_plugins
 from prudent.monitor.rules import BUILTIN_RULES
@@ -60,7 +61,7 @@ class AlertSettings(BaseModel):
     webhook_url: SecretStr | None = Field(None, description="POST each firing as JSON to this "
                                           "URL (Slack-style webhooks carry a secret in the "
                                           "URL: it is never logged or stored).")
-    webhook_url_env: str = Field("PRUDENT_ALERT_WEBHOOK", description="Environment variable "
+    webhook_url_env: str = Field(ENV_ALERT_WEBHOOK, description="Environment variable "
                                  "read for the URL when webhook_url is not set (keeps the "
                                  "secret out of prudent.yaml).")
     timeout_s: float = Field(10.0, gt=0, description="Per POST; a failed POST is recorded as an "
