@@ -20,7 +20,7 @@ from prudent.errors import ConfigError, ExitCode, PrudentError
 from prudent.hparams import parse_set_args
 from prudent.launch import LaunchSpec, setting_var
 from prudent.preflight.command import preflight as preflight_command
-from prudent.store import Store
+from prudent.store import Store, resolve_run
 from prudent.tune import commands as tune_commands
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -152,24 +152,6 @@ def _profile_of(events: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, li
     findings = [{"id": e["name"], "step": e["step"], "message": e["message"],
                  "evidence": e["payload"]} for e in events if e["kind"] == "finding"]
     return (summaries[-1]["payload"] if summaries else None), findings
-
-
-def resolve_run(store: Store, ref: str) -> str:
-    """An exact id, ``latest``, or a unique id prefix -> the run id."""
-    if ref in ("latest", "last"):
-        newest = store.list_runs(1)
-        if not newest:
-            raise ConfigError("there are no runs yet: start one with prudent run -- python train.py")
-        return str(newest[0]["id"])
-    if store.get_run(ref) is not None:
-        return ref
-    matches = store.find_run_ids(ref)
-    if len(matches) == 1:
-        return matches[0]
-    if not matches:
-        raise ConfigError(f"no run {ref!r} in {store.url}: see `prudent runs` for the ids")
-    raise ConfigError(f"run {ref!r} is ambiguous ({', '.join(sorted(matches)[:5])}): "
-                      "give more of the id")
 
 
 def _open_store(config: str | None) -> Store:

@@ -23,9 +23,10 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from prudent.errors import StoreError
+from prudent.errors import ConfigError, StoreError
 
-__all__ = ["SCHEMA_VERSION", "NullWriter", "Store", "StoreSettings", "StoreWriter"]
+__all__ = ["SCHEMA_VERSION", "NullWriter", "Store", "StoreSettings", "StoreWriter",
+           "resolve_run"]
 
 log = logging.getLogger("prudent.store")
 
@@ -258,6 +259,24 @@ class Store:
     def _execute(self, stmt: sa.Executable, params: Any = None) -> None:
         with self._writer_engine.begin() as conn:
             conn.execute(stmt, params) if params is not None else conn.execute(stmt)
+
+
+def resolve_run(store: Store, ref: str) -> str:
+    """An exact id, ``latest``, or a unique id prefix -> the run id."""
+    if ref in ("latest", "last"):
+        newest = store.list_runs(1)
+        if not newest:
+            raise ConfigError("there are no runs yet: start one with prudent run -- python train.py")
+        return str(newest[0]["id"])
+    if store.get_run(ref) is not None:
+        return ref
+    matches = store.find_run_ids(ref)
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise ConfigError(f"no run {ref!r} in {store.url}: see `prudent runs` for the ids")
+    raise ConfigError(f"run {ref!r} is ambiguous ({', '.join(sorted(matches)[:5])}): "
+                      "give more of the id")
 
 
 def _run_dict(row: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from prudent.config import ProjectSettings, load_settings
 from prudent.errors import ConfigError, ExitCode
 from prudent.launch import ENV_SUPERVISED, LaunchSpec, ReplaySpec
 from prudent.spawn import spawn
-from prudent.store import Store
+from prudent.store import Store, resolve_run
 
 __all__ = ["replay", "replay_command"]
 
@@ -99,7 +99,6 @@ def _spec(settings: ProjectSettings, replay_id: str, hparams: dict[str, Any], re
 def _prepare_step(settings: ProjectSettings, ref: str, step: int
                   ) -> tuple[str, dict[tuple[str, str], str], dict[str, Any], dict[str, Any]]:
     """Copy RUN's newest checkpoint before ``step`` into a fresh replay run's folder."""
-    from prudent.cli import resolve_run
     from prudent.session import new_run_id
 
     if step < 1:
