@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from prudent import launch
 from prudent.errors import ConfigError
 from prudent.launch import (
     ENV_OVERRIDES,
@@ -175,3 +176,14 @@ def test_tune_job_and_trial_are_json() -> None:
     env = FULL.to_env()
     assert json.loads(env["PRUDENT_TUNE_TRIAL"])["trial_id"] == 3
     assert json.loads(env["PRUDENT_TUNE_JOB"]) == {"study": "st", "workers": 2}
+
+
+def test_config_reads_the_variables_the_spec_writes() -> None:
+    from prudent.config import ENV_SETTINGS, load_settings
+
+    assert ENV_SETTINGS == launch.ENV_SETTINGS
+    env = LaunchSpec(settings={("store", "home"): "/h", ("cost", "instance"): "aws:g5.xlarge",
+                               ("profile", "enabled"): "0"}).to_env()
+    settings = load_settings(environ=env)
+    assert (settings.store.home, settings.cost.instance, settings.profile.enabled) == (
+        "/h", "aws:g5.xlarge", False)

@@ -20,12 +20,13 @@ from typing import Any, TypeVar
 
 from prudent.errors import ConfigError
 
-__all__ = ["ENV_ALERT_WEBHOOK", "ENV_CONFIG", "ENV_OVERRIDES", "ENV_PREFLIGHT_MODE", "ENV_PREFLIGHT_OUT",
-           "ENV_PREFLIGHT_OVERFIT_STEPS", "ENV_PREFLIGHT_SCAN_S", "ENV_PREFLIGHT_STEPS",
-           "ENV_PREFLIGHT_STOP_AT", "ENV_REPLAY", "ENV_REPLAY_PDB", "ENV_REPLAY_STEP",
-           "ENV_RUN_ID", "ENV_RUN_NAME", "ENV_S3_ENDPOINT_URL", "ENV_SMOKE", "ENV_SUPERVISED",
-           "ENV_TUNE_JOB", "ENV_TUNE_TRIAL", "ENV_TUNE_WORKER", "LaunchSpec", "PreflightSpec",
-           "ReplaySpec", "TrialSpec", "overrides_from_env", "setting_var"]
+__all__ = ["ENV_ALERT_WEBHOOK", "ENV_CONFIG", "ENV_OVERRIDES", "ENV_PREFLIGHT_MODE",
+           "ENV_PREFLIGHT_OUT", "ENV_PREFLIGHT_OVERFIT_STEPS", "ENV_PREFLIGHT_SCAN_S",
+           "ENV_PREFLIGHT_STEPS", "ENV_PREFLIGHT_STOP_AT", "ENV_REPLAY", "ENV_REPLAY_PDB",
+           "ENV_REPLAY_STEP", "ENV_RUN_ID", "ENV_RUN_NAME", "ENV_S3_ENDPOINT_URL", "ENV_SETTINGS",
+           "ENV_SMOKE", "ENV_SUPERVISED", "ENV_TUNE_JOB", "ENV_TUNE_TRIAL", "ENV_TUNE_WORKER",
+           "LaunchSpec", "PreflightSpec", "ReplaySpec", "TrialSpec", "overrides_from_env",
+           "setting_var"]
 
 ENV_RUN_ID = "PRUDENT_RUN_ID"
 ENV_RUN_NAME = "PRUDENT_RUN_NAME"
@@ -50,7 +51,34 @@ ENV_S3_ENDPOINT_URL = "PRUDENT_S3_ENDPOINT_URL"
 ENV_ALERT_WEBHOOK = "PRUDENT_ALERT_WEBHOOK"  # monitor.alert.webhook_url_env's default
 
 _T = TypeVar("_T")
-Setting = tuple[str, str]  # (section, key) of prudent.yaml, as in config.ENV_SETTINGS
+Setting = tuple[str, str]  # (section, key) of prudent.yaml
+
+# the variable that carries each of prudent's settings (a CLI flag maps onto the same pair);
+# config.load_settings reads them in every process, child or not
+ENV_SETTINGS: dict[str, Setting] = {
+    "PRUDENT_HOME": ("store", "home"),
+    "PRUDENT_STORE_URL": ("store", "url"),
+    "PRUDENT_CONSOLE": ("console", "mode"),
+    "PRUDENT_DEVICE": ("run", "device"),
+    "PRUDENT_PROFILE": ("profile", "enabled"),
+    "PRUDENT_PROFILE_STEPS": ("profile", "steps"),
+    "PRUDENT_CHECKPOINT_URL": ("checkpoint", "url"),
+    "PRUDENT_CHECKPOINT_EVERY": ("checkpoint", "every"),
+    "PRUDENT_METADATA_URL": ("preemption", "metadata_url"),
+    "PRUDENT_PREEMPTION_WATCH": ("preemption", "watch"),
+    "PRUDENT_MONITOR": ("monitor", "enabled"),
+    "PRUDENT_DEBUG": ("debug", "enabled"),
+    "PRUDENT_CAPTURE": ("debug", "capture"),
+    "PRUDENT_CHECKPOINT": ("checkpoint", "enabled"),
+    "PRUDENT_INSTANCE": ("cost", "instance"),
+    "PRUDENT_SPOT": ("cost", "spot"),
+    "PRUDENT_NODES": ("cost", "nodes"),
+    "PRUDENT_BUDGET_USD": ("cost", "budget_usd"),
+    "PRUDENT_MAX_HOURS": ("cost", "max_hours"),
+    "PRUDENT_CATALOG": ("cost", "catalog_file"),
+    "PRUDENT_POLICY": ("cost", "policy_file"),
+}
+_SETTING_VARS = {pair: var for var, pair in ENV_SETTINGS.items()}
 
 
 @dataclass(frozen=True)
@@ -96,7 +124,7 @@ class LaunchSpec:
     """One child's launch: who it is, how it is configured, what it was asked to do.
 
     ``settings`` are prudent's own settings as ``{(section, key): value}`` (the pairs of
-    ``config.ENV_SETTINGS``), resolved by the parent; ``overrides`` are the user's
+    :data:`ENV_SETTINGS`), resolved by the parent; ``overrides`` are the user's
     hyperparameters (None: not set by this parent; :meth:`from_env` always gives a dict).
     """
 
@@ -160,10 +188,10 @@ def overrides_from_env(environ: Mapping[str, str] | None = None) -> dict[str, An
 
 def setting_var(section: str, key: str) -> str:
     """The variable that carries ``section.key`` of prudent.yaml to a child."""
-    for var, pair in _setting_vars().items():
-        if pair == (section, key):
-            return var
-    raise KeyError(f"{section}.{key} has no environment variable (see config.ENV_SETTINGS)")
+    try:
+        return _SETTING_VARS[(section, key)]
+    except KeyError:
+        raise KeyError(f"{section}.{key} has no environment variable (see ENV_SETTINGS)") from None
 
 
 # writing -----------------------------------------------------------------------------------
@@ -186,16 +214,8 @@ def _replay_env(replay: ReplaySpec | None) -> dict[str, str]:
 
 
 # reading -----------------------------------------------------------------------------------
-def _setting_vars() -> dict[str, Setting]:
-    # imported here, not at the top: the kernel imports this module, and config.py imports
-    # every plug-in's settings
-    from prudent.config import ENV_SETTINGS
-
-    return ENV_SETTINGS
-
-
 def _settings_from(env: Mapping[str, str]) -> dict[Setting, str]:
-    return {pair: env[var] for var, pair in _setting_vars().items() if env.get(var)}
+    return {pair: env[var] for var, pair in ENV_SETTINGS.items() if env.get(var)}
 
 
 def _json_object(env: Mapping[str, str], var: str, set_by: str = "prudent run") -> Any:

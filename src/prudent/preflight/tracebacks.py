@@ -16,14 +16,14 @@ __all__ = ["format_frames", "is_user_file", "parse_stderr", "user_frames"]
 _LIBRARY_DIRS = tuple({os.path.realpath(p) for p in (
     sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
     sysconfig.get_paths()["platlib"]) if p})
-_PRUDENT_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
 
 
 def is_user_file(path: str) -> bool:
     """Not prudent, not the standard library, not an installed package."""
     real = os.path.realpath(path)
-    if path.startswith("<") or real.startswith(_PRUDENT_DIR + os.sep):
+    if path.startswith("<") or real.startswith(_PACKAGE_DIR + os.sep):
         return False
     return not any(real.startswith(d + os.sep) for d in _LIBRARY_DIRS) and \
         "site-packages" not in real and "dist-packages" not in real
