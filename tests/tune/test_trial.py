@@ -26,6 +26,13 @@ def _study(tmp_path: Path) -> tuple[str, optuna.Study]:
     return url, create_or_load("st", open_storage(url), META, pruner=make_pruner("asha"))
 
 
+def _id(url: str, trial: optuna.trial.Trial) -> int:
+    """The trial's storage id, through the storage's public API (as the tune worker does)."""
+    storage = open_storage(url)
+    return storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name("st"), trial.number)
+
+
 def _finished(study: optuna.Study, values: dict[int, float]) -> None:
     trial = study.ask()
     for step, value in values.items():
@@ -48,7 +55,7 @@ def test_a_trial_worse_than_the_best_at_its_epoch_is_pruned_through_stop_run(
     url, study = _study(tmp_path)
     _finished(study, {1: 0.9, 2: 0.95, 3: 0.97})
     trial = study.ask()
-    reporter = TrialReporter(url, "st", trial._trial_id, trial.number, "val_acc", ASHA)
+    reporter = TrialReporter(url, "st", _id(url, trial), trial.number, "val_acc", ASHA)
     run = _train(settings, reporter, [0.5, 0.6, 0.7])
     assert run.stop_reason == "pruned" and run.exit_code == prudent.ExitCode.PRUNED
     frozen = study.trials[trial.number]
@@ -61,7 +68,7 @@ def test_a_good_trial_reports_every_epoch_and_completes(settings: ProjectSetting
     url, study = _study(tmp_path)
     _finished(study, {1: 0.5, 2: 0.6, 3: 0.7})
     trial = study.ask()
-    run = _train(settings, TrialReporter(url, "st", trial._trial_id, trial.number, "val_acc",
+    run = _train(settings, TrialReporter(url, "st", _id(url, trial), trial.number, "val_acc",
                                          ASHA), [0.8, 0.9, 0.95])
     assert run.status == "completed"
     assert study.trials[trial.number].intermediate_values == {1: 0.8, 2: 0.9, 3: 0.95}
@@ -72,7 +79,7 @@ def test_a_resumed_trial_does_not_report_an_epoch_twice(settings: ProjectSetting
     url, study = _study(tmp_path)
     trial = study.ask()
     trial.report(0.42, 1)  # reported before the interruption
-    run = _train(settings, TrialReporter(url, "st", trial._trial_id, trial.number, "val_acc",
+    run = _train(settings, TrialReporter(url, "st", _id(url, trial), trial.number, "val_acc",
                                          {"name": "none"}), [0.8, 0.9])
     assert run.status == "completed"  # and no Optuna "already reported" warning (= error here)
     assert study.trials[trial.number].intermediate_values == {1: 0.42, 2: 0.9}
@@ -81,7 +88,7 @@ def test_a_resumed_trial_does_not_report_an_epoch_twice(settings: ProjectSetting
 def test_a_non_finite_objective_prunes_at_once(settings: ProjectSettings, tmp_path: Path) -> None:
     url, study = _study(tmp_path)
     trial = study.ask()
-    run = _train(settings, TrialReporter(url, "st", trial._trial_id, trial.number, "val_acc",
+    run = _train(settings, TrialReporter(url, "st", _id(url, trial), trial.number, "val_acc",
                                          {"name": "none"}), [float("nan"), 0.9])
     assert run.stop_reason == "pruned"
 
