@@ -41,14 +41,21 @@ class SaveSchedule:
         self._last_step = 0
         self._last_time = clock()
         self._num_saved = 0
+        self._plan()
 
     def due_at_step(self, step: int) -> bool:
-        if self.kind == "steps":
-            return step - self._last_step >= self.amount
-        if self.kind == "seconds" or (self.kind == "auto" and self.interval_s is not None):
-            return self.clock() - self._last_time >= (self.interval_s or 0.0)
+        """Asked after every step: two comparisons (the next step due, the next time due)."""
+        return step >= self._due_step or (self._timed and self.clock() >= self._due_time)
+
+    def _plan(self) -> None:
+        """When the next save is due, worked out once per save or measurement."""
+        kind, inf = self.kind, math.inf
+        self._due_step: float = self._last_step + self.amount if kind == "steps" else inf
         # auto before any measurement: one save to measure, then wait for its result
-        return self.kind == "auto" and self._num_saved == 0
+        if kind == "auto" and self.interval_s is None and self._num_saved == 0:
+            self._due_step = -inf
+        self._timed = kind == "seconds" or (kind == "auto" and self.interval_s is not None)
+        self._due_time = self._last_time + (self.interval_s or 0.0) if self._timed else inf
 
     def due_at_epoch_end(self, finished_epoch: int) -> bool:
         if self.kind == "epochs":
@@ -59,6 +66,7 @@ class SaveSchedule:
         """A save was taken at ``step`` (now)."""
         self._last_step, self._last_time = step, self.clock()
         self._num_saved += 1
+        self._plan()
 
     def measured(self, stall_s: float, write_s: float) -> str | None:
         """Feed a finished save's costs; returns an explanation when the auto interval changes."""
@@ -69,6 +77,7 @@ class SaveSchedule:
         daly = daly_interval_s(max(self.cost_s, 1e-4), self.mtbi_s)
         chosen = max(daly, 2 * write_s, MIN_AUTO_INTERVAL_S)
         previous, self.interval_s = self.interval_s, chosen
+        self._plan()
         if previous is not None and abs(chosen - previous) <= 0.25 * previous:
             return None
         return (f"checkpoint every {chosen:.1f} s: Daly interval {daly:.1f} s for a measured "
