@@ -152,17 +152,11 @@ class StepStats:
     def step_end(self, step: int, loss: Any) -> bool:
         """Record the step; True when a window is due."""
         self._steps.append(step)
-        if hasattr(loss, "is_cpu"):  # a tensor: read now on the CPU, later from a device
-            if loss.is_cpu:
-                loss = loss.item()
-            else:
-                loss = loss.detach()
-                self._device_losses = True
-        elif loss is not None and loss.__class__ is not float:
-            loss = _number(loss)  # an int, a NumPy number
+        if loss.__class__ is not float:  # most steps: the kernel has read the CPU loss already
+            loss = self._kept_loss(loss)
         self._loss.append(loss)
         if loss.__class__ is float:
-            if not math.isfinite(loss):
+            if loss - loss != 0.0:  # NaN or infinite
                 return True  # a value already on the host: judge it now, not a window later
             if loss > self._loss_jump_at:
                 self._look_closer(step)
@@ -171,6 +165,15 @@ class StepStats:
         # while a jump in the gradient norm is being followed, the rules look every
         # check_every_steps however rare checks have become (an explosion takes a few dozen steps)
         return len(self._steps) >= (self.min_check_every if self._burst else self.check_every)
+
+    def _kept_loss(self, loss: Any) -> Any:
+        """A loss as the window keeps it: a float, or a detached device tensor read later."""
+        if hasattr(loss, "is_cpu"):  # a tensor: read now on the CPU, later from a device
+            if loss.is_cpu:
+                return loss.item()
+            self._device_losses = True
+            return loss.detach()
+        return None if loss is None else _number(loss)  # an int, a NumPy number
 
     def _look_closer(self, step: int) -> None:
         """A loss far above the last window's mean: measure the next step's gradient norm
