@@ -37,6 +37,16 @@ PER_STEP_EVENTS = (Event.BATCH_LOADED, Event.AFTER_BACKWARD, Event.STEP_END)
 TARGETS_PCT = {"Profiler": 1.0, "Monitor": 2.0}  # issue 5 (profiling), issue 4 (monitoring)
 
 
+def context_of(run: Any) -> Any:
+    """What the components see of a run (its ``RunContext``; the run itself before there was one)."""
+    return getattr(run, "context", run)
+
+
+def handler_lists(run: Any) -> dict[Any, list[Callable[..., None]]]:
+    """The run's own per-event handler lists (the kernel iterates these very list objects)."""
+    return context_of(run).handlers
+
+
 def component_costs_us(make_run_parts: Callable[[], tuple[Any, Any, Any]], reps: int
                        ) -> dict[str, float]:
     """Median over ``reps`` runs of each component's handler time, in microseconds per step
@@ -54,7 +64,7 @@ def _one_run(model: Any, opt: Any, loader: Any) -> dict[str, float]:
     steps: dict[str, list[float]] = defaultdict(list)
     run = prudent.init(name="handler-cost", exit_on_stop=False)
     for event in PER_STEP_EVENTS:
-        handlers = run._handlers[event]  # the run's own lists: STEP_END's is cached by the run
+        handlers = handler_lists(run)[event]  # the run's own lists: cached by the run
         handlers[:] = [_timed(handler, totals) for handler in handlers]
     run.attach(model=model, optimizer=opt)
     with run:
@@ -67,8 +77,8 @@ def _one_run(model: Any, opt: Any, loader: Any) -> dict[str, float]:
                 run.step(loss=loss)
                 for name in steps.keys() | totals.keys():
                     steps[name].append(totals.pop(name, 0.0))
-    if run.store is not None:
-        run.store.close()
+    if context_of(run).store is not None:
+        context_of(run).store.close()
     # the plain mean: every periodic cost counts (a rule check every 50 steps, a layer sample
     # every 100, a checkpoint snapshot); a step the scheduler took the core away from in the
     # middle of a handler counts too, which the median over repetitions then leaves out
@@ -97,8 +107,8 @@ def kernel_cost_us(steps: int = 20_000) -> float:
             for _batch in run.batches(batches):
                 run.step(loss=loss)
         with_kernel = clock() - began
-    if run.store is not None:
-        run.store.close()
+    if context_of(run).store is not None:
+        context_of(run).store.close()
     began = clock()
     for _epoch in range(1):
         for _batch in iter(batches):

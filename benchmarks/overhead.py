@@ -63,7 +63,7 @@ import prudent
 from prudent.config import load_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from handler_cost import component_costs_us, cost_rows, cost_verdicts  # noqa: E402
+from handler_cost import component_costs_us, context_of, cost_rows, cost_verdicts  # noqa: E402
 from machine_load import cpu_busy_s
 
 IN_FEATURES, HIDDEN, CLASSES, BATCH_SIZE = 64, 128, 10, 32
@@ -174,11 +174,11 @@ def run_prudent(data: TensorDataset) -> Timing:
                 ends.append(clock())
         loop_s = clock() - start
     total_s = clock() - began
-    run.store.close()
+    context_of(run).store.close()
     if run.status != "completed":
         raise RuntimeError(f"the prudent run ended {run.status} ({run.stop_reason})")
     return Timing(steps=run.state.step, loop_s=loop_s, total_s=total_s,
-                  components=[type(c).__name__ for c in run.components], step_ends=ends)
+                  components=[type(c).__name__ for c in context_of(run).components], step_ends=ends)
 
 
 def lightning_module() -> Any:

@@ -187,7 +187,7 @@ def digits_step_times(home: str, epochs: int,
         for epoch in run.epochs(epochs):
             arm = "on" if epoch % 2 == 0 else "off"
             for event, hook in hooks.items():
-                handlers = run._handlers[event]  # the same list objects the kernel iterates
+                handlers = run.context.handlers[event]  # the same list objects the kernel iterates
                 if arm == "off" and hook in handlers and unplug:
                     handlers.remove(hook)
                 elif arm == "on" and hook not in handlers:
