@@ -19,19 +19,19 @@ The user's hyperparameters are not here: they are ``run.config`` (see :mod:`prud
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.console import ConsoleSettings
 from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.debug.settings import DebugSettings
 from prudent.errors import ConfigError
+from prudent.launch import ENV_CONFIG, ENV_SETTINGS
 from prudent.monitor.settings import MonitorSettings
 from prudent.preemption import PreemptionSettings
 from prudent.profile.settings import ProfileSettings
@@ -60,32 +60,6 @@ class ProjectSettings(BaseModel):
     policy: PolicySettings = Field(default_factory=PolicySettings)
 
 
-# PRUDENT_* variable -> (section, key). Flags of the CLI map onto the same pairs.
-ENV_SETTINGS: dict[str, tuple[str, str]] = {
-    "PRUDENT_HOME": ("store", "home"),
-    "PRUDENT_STORE_URL": ("store", "url"),
-    "PRUDENT_CONSOLE": ("console", "mode"),
-    "PRUDENT_DEVICE": ("run", "device"),
-    "PRUDENT_PROFILE": ("profile", "enabled"),
-    "PRUDENT_PROFILE_STEPS": ("profile", "steps"),
-    "PRUDENT_CHECKPOINT_URL": ("checkpoint", "url"),
-    "PRUDENT_CHECKPOINT_EVERY": ("checkpoint", "every"),
-    "PRUDENT_METADATA_URL": ("preemption", "metadata_url"),
-    "PRUDENT_PREEMPTION_WATCH": ("preemption", "watch"),
-    "PRUDENT_MONITOR": ("monitor", "enabled"),
-    "PRUDENT_DEBUG": ("debug", "enabled"),
-    "PRUDENT_CAPTURE": ("debug", "capture"),
-    "PRUDENT_CHECKPOINT": ("checkpoint", "enabled"),
-    "PRUDENT_INSTANCE": ("cost", "instance"),
-    "PRUDENT_SPOT": ("cost", "spot"),
-    "PRUDENT_NODES": ("cost", "nodes"),
-    "PRUDENT_BUDGET_USD": ("cost", "budget_usd"),
-    "PRUDENT_MAX_HOURS": ("cost", "max_hours"),
-    "PRUDENT_CATALOG": ("cost", "catalog_file"),
-    "PRUDENT_POLICY": ("cost", "policy_file"),
-}
-
-
 def load_settings(path: str | os.PathLike[str] | None = None,
                   environ: Mapping[str, str] | None = None,
                   overrides: Mapping[tuple[str, str], Any] | None = None) -> ProjectSettings:
@@ -94,7 +68,7 @@ def load_settings(path: str | os.PathLike[str] | None = None,
     ``path`` defaults to ``$PRUDENT_CONFIG``, then ``./prudent.yaml`` if it exists.
     """
     environ = os.environ if environ is None else environ
-    source, data = _read_file(path or environ.get("PRUDENT_CONFIG") or None)
+    source, data = _read_file(path or environ.get(ENV_CONFIG) or None)
     sources: dict[tuple[str, ...], str] = {}
     for var, (section, key) in ENV_SETTINGS.items():
         if environ.get(var):
