@@ -214,22 +214,18 @@ app.command("study")(tune_commands.study)
 
 
 def main() -> None:
-    """Entry point: PrudentError becomes one line on stderr and exit code 2."""
+    """Entry point: PrudentError becomes one line on stderr and exit code 2.
+
+    Usage errors (unknown command or option, missing argument, bad value) are left to
+    typer's standalone mode: it prints click's usage line and message and exits 2. Catching
+    them here would mean naming click's exception class, and typer >= 0.26 raises its own
+    copy of click's classes, not ``click.ClickException``.
+    """
     try:
-        code = app(standalone_mode=False)  # typer.Exit(n) comes back as n here
+        app(standalone_mode=True)  # exits itself: typer.Exit(n) with n, success with 0
     except PrudentError as exc:
         print(f"prudent: error: {exc}", file=sys.stderr)
         sys.exit(int(ExitCode.BAD_INPUT))
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # click's usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
-    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
