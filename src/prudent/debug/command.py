@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Any, Optional
+from typing import IO, Any
 
 import typer
 
@@ -33,13 +33,13 @@ def replay(
     target: str = typer.Argument(..., metavar="BUNDLE|RUN", help="A capture bundle folder "
                                  "(.prudent/runs/<run>/captures/step-<N>), or a run id with "
                                  "--step."),
-    command: Optional[list[str]] = typer.Argument(None, help="The training command, after --."),
-    step: Optional[int] = typer.Option(None, "--step", help="Without a bundle: resume RUN from "
+    command: list[str] | None = typer.Argument(None, help="The training command, after --."),
+    step: int | None = typer.Option(None, "--step", help="Without a bundle: resume RUN from "
                                        "its newest checkpoint before this step and run to it "
                                        "in debug mode."),
     use_pdb: bool = typer.Option(False, "--pdb", help="Stop in the debugger at the failure."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    config: Optional[str] = typer.Option(None, "--config", "-c",
+    config: str | None = typer.Option(None, "--config", "-c",
                                          help="Settings file (default ./prudent.yaml)."),
 ) -> None:
     """Reproduce a captured failing step on this machine, in your unchanged script."""

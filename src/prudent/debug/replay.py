@@ -154,8 +154,8 @@ class _Replay(Component):
         found = {row: f"NaN/inf in {', '.join(where)}" for row, where in rows.items()}
         size = batch_size_of(self._batch) or 0
         if not found and first is not None and len(first["rows"]) < size:  # some rows, not all
-            found = {row: f"first non-finite output of {first['module']} ({first['type']})"
-                     for row in first["rows"]}
+            layer = f"first non-finite output of {first['module']} ({first['type']})"
+            found = dict.fromkeys(first["rows"], layer)
         indices = self._indices
         return [{"row": row, "sample_index": indices[row] if indices and row < len(indices)
                  else None, "why": why} for row, why in sorted(found.items())]

@@ -18,8 +18,8 @@ from prudent.events import Component
 from prudent.launch import ENV_TUNE_TRIAL, LaunchSpec, TrialSpec
 
 if TYPE_CHECKING:
-    from prudent.monitor.settings import MonitorSettings
     from prudent.context import RunContext
+    from prudent.monitor.settings import MonitorSettings
 
 __all__ = ["ENV_TRIAL", "SICK_RULES", "TrialReporter", "trial_env", "trial_from_env",
            "under_tuner"]

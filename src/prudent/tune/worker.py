@@ -247,9 +247,8 @@ class Worker:
 
     def _settle(self, task: Task, code: int) -> bool:
         """Tell the study how the trial ended; False when this worker must stop."""
-        import optuna
+        from optuna.trial import TrialState
 
-        State = optuna.trial.TrialState
         record = self.store.get_run(task.run_id) or {}
         reason = record.get("stop_reason")
         if code in _INTERRUPTED or code < 0 or reason in ("preempted", "interrupted"):
@@ -262,11 +261,11 @@ class Worker:
             self.storage.set_trial_user_attr(task.trial_id, key, value)
         if code == ExitCode.COMPLETED:
             value = self._objective(task, record)
-            self.study.tell(task.number, value, state=State.COMPLETE)
+            self.study.tell(task.number, value, state=TrialState.COMPLETE)
         elif code in (ExitCode.PRUNED, ExitCode.RULE):
-            self.study.tell(task.number, state=State.PRUNED)
+            self.study.tell(task.number, state=TrialState.PRUNED)
         else:
-            self.study.tell(task.number, state=State.FAIL)
+            self.study.tell(task.number, state=TrialState.FAIL)
             if code == ExitCode.BAD_INPUT:
                 self.storage.set_trial_user_attr(task.trial_id, "fatal", True)
                 raise FatalStudyError(
