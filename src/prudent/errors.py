@@ -60,8 +60,3 @@ def exit_code_for(reason: str | StopReason | None) -> int:
         return int(ExitCode.COMPLETED)
     return (reason if isinstance(reason, StopReason) else StopReason.parse(reason)).exit_code
 
-
-def reason_for_exit_code(code: int) -> str | None:
-    """The ``stop_reason`` string a supervisor infers from an exit code alone."""
-    reason = StopReason.from_exit_code(code)
-    return None if reason is None else str(reason)

@@ -19,16 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from prudent.config import ProjectSettings
-from prudent.errors import ConfigError, ExitCode, reason_for_exit_code
+from prudent.errors import ConfigError, ExitCode
+from prudent.events import EventKind
 from prudent.launch import LaunchSpec
 from prudent.session import new_run_id
 from prudent.spawn import SignalForwarder, spawn
+from prudent.stop import StopReason
 from prudent.store import Store
 from prudent.units import validate_run_id
 
 __all__ = ["Supervisor"]
 
-_STOP_REASONS = {"preempted", "budget", "pruned", "policy", "interrupted"}
 
 
 class Supervisor:
@@ -161,9 +162,9 @@ def _verdict(code: int) -> tuple[str, str | None, str]:
         return "completed", None, "process exited with code 0"
     if code == ExitCode.BAD_INPUT:
         return "failed", "error", "bad input: the run did not start (exit code 2)"
-    reason = reason_for_exit_code(code)
-    if reason in _STOP_REASONS or (reason or "").startswith("rule:"):
-        return "stopped", reason, f"process exited with code {code}"
+    reason = StopReason.from_exit_code(code)
+    if reason is not None and not reason.is_failure:
+        return "stopped", str(reason), f"process exited with code {code}"
     return "failed", "error", f"process exited with code {code}"
 
 
@@ -171,7 +172,7 @@ def _event(store: Store, run_id: str, name: str, message: str, **payload: Any) -
     import json
     import time
 
-    store.add_events([{"run_id": run_id, "step": _last_step(store, run_id), "kind": "supervisor",
+    store.add_events([{"run_id": run_id, "step": _last_step(store, run_id), "kind": EventKind.SUPERVISOR.value,
                        "name": name, "message": message, "payload": json.dumps(payload),
                        "wall": time.time()}])
 

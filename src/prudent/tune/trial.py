@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from prudent.events import Component
 from prudent.launch import ENV_TUNE_TRIAL, LaunchSpec, TrialSpec
+from prudent.stop import StopReason
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
@@ -99,13 +100,14 @@ class TrialReporter(Component):
             return
         step = run.state.epoch + 1
         if not math.isfinite(value):
-            run.request_stop("pruned", f"pruner: {self.objective} is {value} at epoch {step}")
+            run.request_stop(StopReason.pruned(
+                f"pruner: {self.objective} is {value} at epoch {step}"))
             return
         if step in self._reported:
             return  # resumed: this epoch was reported before the interruption
         self._trial.report(value, step=step)
         self._reported.add(step)
         if self._trial.should_prune():
-            run.request_stop("pruned", f"pruner {self.pruner_spec.get('name')}: "
-                             f"{self.objective}={value:.6g} at epoch {step} is not among the "
-                             f"best trials at that epoch (trial {self.number})")
+            run.request_stop(StopReason.pruned(
+                f"pruner {self.pruner_spec.get('name')}: {self.objective}={value:.6g} at epoch "
+                f"{step} is not among the best trials at that epoch (trial {self.number})"))

@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from prudent.errors import ConfigError, ExitCode
+from prudent.events import EventKind
 from prudent.launch import ENV_RUN_ID, ENV_TUNE_JOB, LaunchSpec, TrialSpec
+from prudent.stop import StopKind, StopReason
 from prudent.supervisor import Supervisor
 
 __all__ = ["ENV_JOB", "FATAL_CODE", "TuneJob", "main"]
@@ -279,8 +281,9 @@ class Worker:
                                  "epochs": _epochs(self.storage, task, record),
                                  "steps": int(record.get("step") or 0)}
         reason = record.get("stop_reason")
-        if reason == "pruned" or (reason or "").startswith("rule:"):
-            attrs["pruned_by"] = _pruned_by(self.store, task.run_id, reason)
+        stop = StopReason.parse(reason) if reason else None
+        if stop is not None and stop.ends_early:
+            attrs["pruned_by"] = _pruned_by(self.store, task.run_id, stop)
         elif record.get("status") == "failed":
             attrs["error"] = _last_end_message(self.store, task.run_id)
         return attrs
@@ -308,16 +311,14 @@ def _epochs(storage: Any, task: Task, record: Mapping[str, Any]) -> int:
     return max([int(record.get("epoch") or 0), *map(int, reported)])
 
 
-def _pruned_by(store: Any, run_id: str, reason: str) -> str:
-    """``pruner`` or ``rule:<name>``, from the stop request's message."""
-    if reason.startswith("rule:"):
-        return reason
+def _pruned_by(store: Any, run_id: str, stop: StopReason) -> str:
+    """``pruner`` or ``rule:<name>``: the rule the stop request names in its payload."""
+    if stop.kind is StopKind.RULE:
+        return str(stop)
     for event in reversed(store.events(run_id)):
-        if (event["kind"], event["name"]) == ("lifecycle", "stop_requested"):
-            message = event["message"] or ""
-            if message.startswith("rule "):
-                return "rule:" + message[5:].split(":", 1)[0]
-            return "pruner"
+        if (event["kind"], event["name"]) == (EventKind.LIFECYCLE.value, "stop_requested"):
+            rule = event["payload"].get("rule")
+            return f"rule:{rule}" if rule else "pruner"
     return "pruner"
 
 
