@@ -131,6 +131,7 @@ def test_host_scalar_reads_a_cpu_loss_once_for_every_component_that_asks(
     batch = torch.ones(3)
     assert run.context.host_scalar(batch) is batch and run.context.host_scalar(0.5) == 0.5
     remembered = weakref.ref(loss)
+    run.step()  # the step ends: what it read is forgotten
     del loss
     gc.collect()
     assert remembered() is None  # remembering its number does not keep a loss (and graph) alive

@@ -16,7 +16,6 @@ import socket
 import sys
 import time
 import traceback
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from pathlib import Path
@@ -32,7 +31,7 @@ from prudent.store import NullWriter, Store, StoreWriter
 
 __all__ = ["RunContext"]
 
-_HOST_READS = 4  # tensors whose host value host_scalar remembers
+_HOST_READS = 4  # tensors a step reads whose host value host_scalar remembers
 
 
 class RunContext:
@@ -72,9 +71,11 @@ class RunContext:
         self._stop_announced = False
         self._closed = False
         self._device: Any = None
-        # the last tensors read (weakly: a loss must not keep its graph alive) and their numbers
-        self._host_reads: list[tuple[weakref.ref[Any], Any]] = []
+        # the tensors read this step and their numbers (cleared when the step ends: a loss
+        # must not keep its graph alive)
+        self.host_reads: list[tuple[Any, Any]] = []
         self._components: list[Component] = []
+        self._muted: dict[Event, set[int]] = {event: set() for event in Event}
         self.handlers: dict[Event, list[Callable[..., None]]] = {event: [] for event in Event}
         for component in components:
             self.add_component(component)
@@ -87,6 +88,23 @@ class RunContext:
         for event in Event:
             if component.overrides(event):
                 self.handlers[event].append(getattr(component, event.method_name))
+
+    def subscribe(self, component: Component, event: Event, on: bool = True) -> None:
+        """Call ``component`` on ``event`` from now on (``on=False``: stop calling it).
+
+        For a component that needs a per-step event only on some steps: a handler not called
+        costs nothing, one called to return at once costs about a microsecond. Call it from
+        another event's handler (or ``on_start``): the lists are the ones the kernel iterates.
+        """
+        muted = self._muted[event]
+        if (id(component) not in muted) is on:
+            return
+        if on:
+            muted.discard(id(component))
+        else:
+            muted.add(id(component))
+        self.handlers[event][:] = [getattr(c, event.method_name) for c in self._components
+                                   if c.overrides(event) and id(c) not in muted]
 
     @property
     def components(self) -> tuple[Component, ...]:
@@ -132,15 +150,17 @@ class RunContext:
         once however many components ask for the same tensor (the last few are remembered: the
         loss and a metric or two of a step); anything else comes back as is (a tensor on a
         device stays there: reading it would make the host wait)."""
-        if not hasattr(value, "is_cpu"):
+        if value.__class__ is float:
             return value
-        for tensor, number in self._host_reads:
-            if tensor() is value:
+        reads = self.host_reads
+        for tensor, number in reads:
+            if tensor is value:
                 return number
-        if not value.is_cpu or value.dim() != 0:
-            return value  # on a device, or several numbers: left as is
+        if not hasattr(value, "is_cpu") or not value.is_cpu or value.dim() != 0:
+            return value  # not a tensor, on a device, or several numbers: left as is
         number = value.item()
-        self._host_reads = [*self._host_reads[-(_HOST_READS - 1):], (weakref.ref(value), number)]
+        if len(reads) < _HOST_READS:
+            reads.append((value, number))
         return number
 
     def capture(self, reason: str = "user", message: str = "",

@@ -195,6 +195,8 @@ class Run:
         ctx.state.step += 1
         for handler in self._step_end:
             handler(ctx, metrics)
+        if ctx.host_reads:
+            ctx.host_reads.clear()  # the step's tensors are not kept past it
         if ctx.pending_stop is not None and not ctx.defer_stops:
             ctx.raise_stop()
 
@@ -203,6 +205,7 @@ class Run:
         from prudent.store import to_floats
 
         values = dict(zip(metrics, to_floats(metrics.values())))
+        self.context.host_reads.clear()
         self.context.logged.update(values)
         self.context.emit(Event.LOG, values)
         self.context.check_stop()

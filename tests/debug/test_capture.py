@@ -192,3 +192,29 @@ def test_a_loop_without_run_backward_is_captured_at_run_step_and_says_after_upda
     info = read_bundle(path).info
     assert path.name == "step-2" and info["state_when"] == "after_update"
     assert "the loop does not call run.backward" in info["message"]
+
+
+@pytest.mark.parametrize("dropout", [0.5, 0.0])
+def test_a_late_failure_keeps_the_generators_as_its_step_started(settings: ProjectSettings,
+                                                                 dropout: float) -> None:
+    """Whether or not the steps draw random numbers (dropout), the bundle of a failure long
+    after the first batches holds the generator state its step started from: replay is exact
+    although the state is not copied on every batch."""
+    run = _run(settings)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(dropout),
+                                torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.attach(model=model, optimizer=opt)
+    fail_at, started = 300, None
+    with run:
+        for x in run.batches([torch.randn(2, 4) for _ in range(fail_at)]):
+            if run.state.step + 1 == fail_at:
+                started = torch.get_rng_state()
+            loss = model(x).pow(2).mean() * (float("nan") if run.state.step + 1 == fail_at else 1)
+            run.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            run.step(loss=loss)
+    (path,) = _bundles(run)
+    saved = read_bundle(path).load("run.pt")["rng"]["torch"]
+    assert path.name == f"step-{fail_at}" and torch.equal(saved, started)

@@ -31,7 +31,7 @@ from prudent.cost.policy import (
     project_spend,
 )
 from prudent.cost.settings import CostSettings, PolicySettings
-from prudent.events import Component, EventKind
+from prudent.events import Component, Event, EventKind
 from prudent.stop import StopKind, StopReason
 from prudent.units import parse_duration_s
 
@@ -97,6 +97,8 @@ class CostMeter(Component):
         if broken:
             run.request_stop(StopReason(StopKind.POLICY, None,
                                         "; ".join(v.message for v in broken)))
+        # without a limit to keep, no step needs timing: not called at all (a microsecond a step)
+        run.subscribe(self, Event.STEP_END, self._deadline != _NO_DEADLINE)
         if self.hourly_usd > 0:
             run.gauges["cost_usd"] = self.total_usd()  # the console shows it live
             if run.store is not None:

@@ -42,7 +42,9 @@ __all__ = ["FailureCapture", "capture_folder"]
 
 # requests of these reasons describe the same failure as the first non-finite step
 _SAME_FAILURE = {"rule:non_finite": "non_finite"}
-_NO_GRADS: tuple[str, ...] = ()  # a step's non-finite gradients, until one is found
+_NO_GRADS: tuple[str, ...] = ()
+_VERIFY_BATCHES = 8  # the first batches: do the steps draw random numbers?
+_REVERIFY_EVERY = 256  # after that, one batch in this many looks again  # a step's non-finite gradients, until one is found
 _DEFAULT_GENERATOR = torch.default_generator
 
 
@@ -70,6 +72,9 @@ class FailureCapture(Component):
         self._indices: list[Any] | None = None
         self._epoch_batches: IndexedBatches | None = None
         self._rng: tuple[Any, Any] | None = None  # (CPU generator clone, CUDA states)
+        self._num_batches = 0
+        self._step_draws = False  # True once a step was seen drawing random numbers
+        self._verifying = False  # this step's generators are compared at its end
         self._loss: Any = None
         self._bad_grads: list[str] | tuple[str, ...] = _NO_GRADS
         self._phase = "setup"  # setup | forward | after_backward | step_end
@@ -100,7 +105,16 @@ class FailureCapture(Component):
         return self._epoch_batches
 
     def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
-        self._batch, self._rng, self._phase = batch, _step_rng(), "forward"
+        # The generators as the step starts, for an exact replay. A step that draws no random
+        # numbers (no dropout...) leaves them as they are: then the state at a failure is the
+        # state at the start, and no copy is needed on every batch. Whether steps draw is
+        # seen on the first batches and checked again now and then.
+        n = self._num_batches = self._num_batches + 1
+        if self._step_draws or n <= _VERIFY_BATCHES or n % _REVERIFY_EVERY == 0:
+            self._rng, self._verifying = _step_rng(), not self._step_draws
+        else:
+            self._rng = None
+        self._batch, self._phase = batch, "forward"
         # raw: turned into ints only if this step is captured
         batches = self._epoch_batches
         self._indices = batches.raw_indices if batches is not None else None
@@ -120,6 +134,9 @@ class FailureCapture(Component):
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         no_backward = self._phase == "forward"  # the loop called loss.backward() itself
         self._phase = "step_end"
+        if self._verifying:
+            self._verifying = False
+            self._step_draws = self._rng is not None and _drew(self._rng)
         if no_backward and self._check_loss and "non_finite" not in self._kinds_done:
             loss = metrics.get("loss")
             if loss is not None:
@@ -198,7 +215,7 @@ class FailureCapture(Component):
         info = self._info(run, step, in_step, reason, message, error)
         name = f"step-{step}" + (f"-rank{self._rank.rank}" if self._rank.is_distributed else "")
         run_state = {"state": run.state.state_dict(),
-                     "rng": _rng_dict(self._rng) if self._rng else capture_rng(),
+                     "rng": self._rng_at_step_start(in_step),
                      "loss": self._loss.detach() if isinstance(self._loss, torch.Tensor)
                      else None}
         objects = {k: state_of(v) for k, v in run.objects.items()}
@@ -207,6 +224,13 @@ class FailureCapture(Component):
         self.written.append(written.path)
         self._kinds_done[kind] = written.path
         self._announce(run, info, written)
+
+    def _rng_at_step_start(self, in_step: bool) -> dict[str, Any]:
+        if self._rng is not None:
+            return _rng_dict(self._rng)
+        if in_step and self._num_batches and not self._step_draws:
+            return _rng_dict(_step_rng())  # steps draw nothing: the state now is the start's
+        return capture_rng()
 
     def _info(self, run: RunContext, step: int, in_step: bool, reason: str, message: str,
               error: BaseException | None) -> dict[str, Any]:
@@ -264,6 +288,17 @@ def _step_rng() -> tuple[Any, Any]:
     than ``get_rng_state()``'s new tensor), turned into a state tensor only for a bundle."""
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     return _DEFAULT_GENERATOR.clone_state(), cuda  # is_available() costs ~10 us on a CPU build
+
+
+def _drew(rng: tuple[Any, Any]) -> bool:
+    """True when the generators moved since ``rng`` was taken (the step drew numbers)."""
+    cpu, cuda = rng
+    if not torch.equal(cpu.get_state(), _DEFAULT_GENERATOR.get_state()):
+        return True
+    now = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    if (cuda is None) != (now is None):
+        return True
+    return cuda is not None and not all(torch.equal(a, b) for a, b in zip(cuda, now))
 
 
 def _rng_dict(rng: tuple[Any, Any]) -> dict[str, Any]:

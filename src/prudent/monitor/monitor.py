@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.errors import StopRun
-from prudent.events import Component, EventKind
+from prudent.events import Component, Event, EventKind
 from prudent.monitor.actions import Action, Firing, build_actions
 from prudent.monitor.base import EvalSample, Finding, Rule, Window
 from prudent.monitor.registry import RULES
@@ -66,6 +66,7 @@ class Monitor(Component):
         self._interrupting = False
         self._num_logs = 0
         self._loss_key = self.settings.loss_key
+        self._backward_hooked = True  # start-up: norms on every step until a window is measured
 
     # events -------------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
@@ -86,10 +87,15 @@ class Monitor(Component):
             self.stats.after_backward(step)
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
-        if self.stats.step_end(run.state.step, run.host_scalar(metrics.get(self._loss_key))):
+        stats = self.stats
+        if stats.step_end(run.state.step, run.host_scalar(metrics.get(self._loss_key))):
             started = time.perf_counter()
             self.check(run)
-            self.stats.check_took(time.perf_counter() - started)
+            stats.check_took(time.perf_counter() - started)
+        # gradients are measured on some steps only: on the others, after_backward is not called
+        if (run.state.step + 1 >= stats.backward_due) is not self._backward_hooked:
+            self._backward_hooked = not self._backward_hooked
+            run.subscribe(self, Event.AFTER_BACKWARD, self._backward_hooked)
 
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self._num_logs += 1  # progress, for the watchdog
