@@ -42,9 +42,9 @@ __all__ = ["FailureCapture", "capture_folder"]
 
 # requests of these reasons describe the same failure as the first non-finite step
 _SAME_FAILURE = {"rule:non_finite": "non_finite"}
-_NO_GRADS: tuple[str, ...] = ()
+_NO_GRADS: tuple[str, ...] = ()  # a step's non-finite gradients, until one is found
 _VERIFY_BATCHES = 8  # the first batches: do the steps draw random numbers?
-_REVERIFY_EVERY = 256  # after that, one batch in this many looks again  # a step's non-finite gradients, until one is found
+_REVERIFY_EVERY = 256  # after that, one batch in this many looks again
 _DEFAULT_GENERATOR = torch.default_generator
 
 
