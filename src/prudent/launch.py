@@ -36,7 +36,7 @@ ENV_OVERRIDES = "PRUDENT_SET"  # JSON object: the user's hyperparameter override
 ENV_CONFIG = "PRUDENT_CONFIG"  # the settings file (config.py reads it too)
 ENV_TUNE_JOB = "PRUDENT_TUNE_JOB"  # JSON: what a tuning worker does
 ENV_TUNE_WORKER = "PRUDENT_TUNE_WORKER_INDEX"
-ENV_TUNE_TRIAL = "PRUDENT_TUNE_TRIAL"  # JSON: storage, study, trial_id, number, objective, pruner
+ENV_TUNE_TRIAL = "PRUDENT_TUNE_TRIAL"  # JSON: TrialSpec's fields (storage, study, trial_id, ...)
 ENV_REPLAY = "PRUDENT_REPLAY"  # a capture bundle folder
 ENV_REPLAY_STEP = "PRUDENT_REPLAY_STEP"
 ENV_REPLAY_PDB = "PRUDENT_REPLAY_PDB"
@@ -91,6 +91,7 @@ class TrialSpec:
     number: int
     objective: str
     pruner: dict[str, Any] = field(default_factory=dict)
+    max_steps: int | None = None  # prudent tune --max-steps: the trial stops after this many
 
 
 @dataclass(frozen=True)
@@ -246,9 +247,11 @@ def _trial_from(env: Mapping[str, str]) -> TrialSpec | None:
     if value is None:
         return None
     try:
+        max_steps = value.get("max_steps")
         return TrialSpec(str(value["storage"]), str(value["study"]), int(value["trial_id"]),
                          int(value["number"]), str(value["objective"]),
-                         dict(value.get("pruner") or {}))
+                         dict(value.get("pruner") or {}),
+                         None if max_steps is None else int(max_steps))
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{ENV_TUNE_TRIAL} lacks or mangles {exc}: it is set by prudent "
                           "tune") from None

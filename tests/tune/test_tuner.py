@@ -61,3 +61,59 @@ def test_enqueue_takes_inline_json_and_files_of_lists(tmp_path: Path) -> None:
         {"lr": 0.03}, {"lr": 0.01}, {"lr": 0.02, "opt": "sgd"}]
     with pytest.raises(ConfigError, match="expected a mapping"):
         parse_enqueue(["[1, 2]"])
+
+
+def test_a_set_key_the_space_also_samples_is_refused_naming_both(settings: ProjectSettings) -> None:
+    with pytest.raises(ConfigError, match=r"--set lr=0\.01 fixes 'lr', which the search space "
+                                          r"also searches: keep 'lr' in one of them"):
+        Tuner(_options(fixed={"lr": 0.01, "max_iters": 100}), settings, quiet=True)
+
+
+def test_set_values_and_the_step_budget_are_kept_in_the_study_definition(
+        settings: ProjectSettings) -> None:
+    from prudent.tune.study import meta_of
+
+    options = _options(study="fixed", fixed={"max_iters": 120}, max_steps=90)
+    study, _ = Tuner(options, settings, quiet=True).open()
+    meta = meta_of(study)
+    assert meta["fixed"] == {"max_iters": 120} and meta["max_steps"] == 90
+
+
+@pytest.mark.parametrize(("kwargs", "args"), [
+    ({"pruner": "asha"}, {}),
+    ({"pruner": "asha", "min_resource": 40}, {"min_resource": 40}),
+    ({"pruner": "hyperband", "max_steps": 300}, {"max_resource": 300}),
+    ({"pruner": "hyperband", "max_epochs": 9, "max_steps": 300}, {"max_resource": 9}),
+    ({"pruner": "none", "min_resource": 40}, {}),
+])
+def test_the_pruner_resource_comes_from_the_epoch_or_step_flags(kwargs: dict, args: dict) -> None:
+    assert _options(**kwargs).pruner_spec()["args"] == args
+
+
+def test_a_step_budget_projects_the_study_in_steps(settings: ProjectSettings) -> None:
+    tuner = Tuner(_options(study="steps", trials=4, pruner="asha", max_steps=120,
+                           min_resource=40), settings, quiet=True)
+    study, _ = tuner.open()
+    lines = tuner._projection(study).lines()
+    assert lines[0].startswith("projected: 4 trials x ") and "steps (pruner schedule, max 120)" \
+        in lines[0]
+    assert "until a step is measured" in lines[1] and "--epoch-s" not in lines[1]
+
+
+@pytest.mark.parametrize(("workers", "environ", "expected"), [
+    (1, {}, "all"), (2, {}, "half"), (64, {}, 1), (2, {"OMP_NUM_THREADS": "3"}, None)])
+def test_trials_get_threads_that_fit_the_cores_unless_the_user_chose(
+        settings: ProjectSettings, capsys: pytest.CaptureFixture[str], workers: int,
+        environ: dict[str, str], expected: object) -> None:
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    want = {"all": cores, "half": max(1, cores // 2)}.get(expected, expected)  # type: ignore[arg-type]
+    tuner = Tuner(_options(workers=workers), settings)
+    assert tuner._threads(environ) == want
+    note = capsys.readouterr().err
+    if want is None:
+        assert note == ""
+    else:
+        assert (f"each trial runs with OMP_NUM_THREADS={want} ({cores} cores / {workers} "
+                "worker(s)); set OMP_NUM_THREADS to choose") in note

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -78,4 +79,55 @@ def test_a_trial_whose_worker_died_is_claimed_and_keeps_its_number(
     assert task is not None and task.resumed and (task.number, task.run_id) == (0, "w-abc-t0000")
     assert study.trials[0].user_attrs["worker"]["pid"] == worker.me["pid"]
     assert worker._claim_orphan() is None  # claimed now, and trial 1 is alive
+    worker.store.close()
+
+
+def test_a_trial_gets_the_fixed_values_its_params_its_step_budget_and_its_threads(
+        settings: ProjectSettings, tmp_path: Path) -> None:
+    out = tmp_path / "env.json"
+    names = ("OMP_NUM_THREADS", "PRUDENT_SET", "PRUDENT_TUNE_TRIAL")
+    child = (f"import json, os; open({str(out)!r}, 'w').write(json.dumps("
+             f"{{k: os.environ.get(k) for k in {names!r}}}))")
+    worker, _ = _worker(settings, trials=1, command=[sys.executable, "-c", child],
+                        fixed={"max_iters": 120}, max_steps=90, threads=1)
+    task = worker._ask()
+    assert task is not None and worker._launch(task) == 0
+    seen = json.loads(out.read_text())
+    assert seen["OMP_NUM_THREADS"] == "1"
+    assert json.loads(seen["PRUDENT_SET"]) == {"max_iters": 120, "lr": task.params["lr"]}
+    assert json.loads(seen["PRUDENT_TUNE_TRIAL"])["max_steps"] == 90
+    worker.store.close()
+
+
+def _ended(worker: Worker, run_id: str, *, step: int, stop_reason: str | None,
+           values: dict[int, float]) -> dict[str, object]:
+    store = worker.store
+    store.create_run(run_id, "trial", status="stopped" if stop_reason else "completed",
+                     stop_reason=stop_reason, step=step, epoch=0, ended_at=time.time())
+    store.add_metrics([{"run_id": run_id, "step": s, "name": "val_acc", "value": v, "wall": 0.0}
+                       for s, v in values.items()])
+    return store.get_run(run_id) or {}
+
+
+def test_a_trial_stopped_by_its_step_budget_is_complete_with_its_last_objective(
+        settings: ProjectSettings) -> None:
+    worker, study = _worker(settings, trials=2, max_steps=90)
+    task = worker._ask()
+    assert task is not None
+    _ended(worker, task.run_id, step=90, stop_reason="budget", values={0: 0.1, 40: 0.6, 80: 0.7})
+    assert worker._settle(task, 4)
+    trial = study.trials[task.number]
+    assert trial.state.name == "COMPLETE" and trial.value == 0.7
+    assert trial.user_attrs["steps"] == 90 and trial.user_attrs["step_budget"] == 90
+    worker.store.close()
+
+
+def test_a_cost_budget_stop_before_the_step_budget_is_not_a_complete_trial(
+        settings: ProjectSettings) -> None:
+    worker, study = _worker(settings, trials=2, max_steps=90)
+    task = worker._ask()
+    assert task is not None
+    _ended(worker, task.run_id, step=30, stop_reason="budget", values={0: 0.1})
+    worker._settle(task, 4)
+    assert study.trials[task.number].state.name == "FAIL"
     worker.store.close()

@@ -21,11 +21,15 @@ def tune(fn_or_command: str | Sequence[str] | Callable[[], Any], *,
          study: str | None = None, storage: str | None = None,
          enqueue: Sequence[Mapping[str, Any]] = (), max_epochs: int | None = None,
          epoch_s: float | None = None, seed: int | None = None, config: str | None = None,
-         warm_start: str | None = None, quiet: bool = False) -> dict[str, Any]:
+         warm_start: str | None = None, fixed: Mapping[str, Any] | None = None,
+         max_steps: int | None = None, min_resource: int | None = None,
+         quiet: bool = False) -> dict[str, Any]:
     """Tune a training script (a command) or an importable function; returns the summary.
 
     Each trial runs in its own supervised process, so a function must be importable (defined
-    at the top level of a module, not in ``__main__``) and call ``prudent.init`` itself. The
+    at the top level of a module, not in ``__main__``) and call ``prudent.init`` itself.
+    ``fixed``, ``max_steps`` and ``min_resource`` are ``prudent tune``'s ``--set``,
+    ``--max-steps`` and ``--min-resource``. The
     result is the same dictionary as ``prudent study NAME --json`` (``best_params``, ...).
     Raises :class:`~prudent.ConfigError` on bad input and ``PolicyViolation`` if refused.
     """
@@ -40,7 +44,8 @@ def tune(fn_or_command: str | Sequence[str] | Callable[[], Any], *,
         timeout_s=timeout_s, budget_usd=budget_usd, sampler=sampler or DEFAULT_SAMPLER,
         pruner=pruner or DEFAULT_PRUNER, study=study, storage=storage,
         enqueue=[dict(c) for c in enqueue], max_epochs=max_epochs, epoch_s=epoch_s, seed=seed,
-        config_path=config, warm_start=warm_start)
+        config_path=config, warm_start=warm_start, fixed=dict(fixed or {}), max_steps=max_steps,
+        min_resource=min_resource)
     settings = load_settings(config)
     tuner = Tuner(options, settings, quiet=quiet)
     check_launch(settings, kind="tune", parallel=workers)

@@ -64,6 +64,7 @@ class Projection:
     hourly_usd: float
     price_source: str
     workers: int
+    unit: str = "epoch"  # or "step": what trials report and the pruner's resource counts
 
     @property
     def total_epochs(self) -> float | None:
@@ -82,18 +83,20 @@ class Projection:
         return None if self.usd is None or not self.trials else self.usd / self.trials
 
     def lines(self) -> list[str]:
+        unit = self.unit
         if self.epochs_per_trial is None:
-            return [(f"projected: {self.trials} trials; epochs per trial unknown until one "
-                     "completes (give --max-epochs for a projection now)")]
+            return [(f"projected: {self.trials} trials; {unit}s per trial unknown until one "
+                     "completes (give --max-epochs or --max-steps for a projection now)")]
         bound = "" if self.exact else " at most"
-        text = [(f"projected: {self.trials} trials x{bound} {self.epochs_per_trial:.1f} epochs "
-                 f"(pruner schedule, max {self.max_epochs}) = {self.total_epochs:.0f} epochs")]
+        text = [(f"projected: {self.trials} trials x{bound} {self.epochs_per_trial:.1f} {unit}s "
+                 f"(pruner schedule, max {self.max_epochs}) = {self.total_epochs:.0f} {unit}s")]
         if self.epoch_s is None:
-            text.append(f"  time and cost: unknown until an epoch is measured (or give "
-                        f"--epoch-s); price ${self.hourly_usd:.3f}/h per trial ({self.price_source})")
+            given = " (or give --epoch-s)" if unit == "epoch" else ""
+            text.append(f"  time and cost: unknown until {_a(unit)} is measured{given}; "
+                        f"price ${self.hourly_usd:.3f}/h per trial ({self.price_source})")
             return text
         hours = self.total_epochs * self.epoch_s / 3600  # type: ignore[operator]
-        text.append(f"  at {self.epoch_s:.3g} s/epoch ({self.epoch_s_source}): {hours:.3g} "
+        text.append(f"  at {self.epoch_s:.3g} s/{unit} ({self.epoch_s_source}): {hours:.3g} "
                     f"compute-hours, ~{hours / max(1, self.workers):.3g} h wall with "
                     f"{self.workers} worker(s)")
         text.append(f"  at ${self.hourly_usd:.3f}/h per trial ({self.price_source}):{bound} "
@@ -103,10 +106,16 @@ class Projection:
 
 def project(*, trials: int, pruner: Mapping[str, Any], max_epochs: int | None,
             epoch_s: float | None, epoch_s_source: str, hourly_usd: float, price_source: str,
-            workers: int) -> Projection:
+            workers: int, unit: str = "epoch") -> Projection:
+    """The study's projection; with ``unit="step"``, ``max_epochs`` and ``epoch_s`` are a
+    trial's steps and the seconds per step (the pruner's schedule is the same in any unit)."""
     per_trial, exact = (expected_epochs(pruner, max_epochs) if max_epochs else (None, False))
     return Projection(trials, max_epochs, per_trial, exact, epoch_s, epoch_s_source,
-                      hourly_usd, price_source, workers)
+                      hourly_usd, price_source, workers, unit)
+
+
+def _a(unit: str) -> str:
+    return "an epoch" if unit == "epoch" else f"a {unit}"
 
 
 def next_trial_fits(budget_usd: float | None, finished_usd: Iterable[float],

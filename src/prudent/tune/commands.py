@@ -46,6 +46,17 @@ def tune(
                                              "trial: the pruner's max resource and the projection."),
     epoch_s: float | None = typer.Option(None, "--epoch-s", help="Seconds per epoch for the "
                                             "cost projection (default: measured on the study)."),
+    set_: list[str] | None = typer.Option(None, "--set", help="A hyperparameter fixed for every "
+                                          "trial: --set max_iters=300 (YAML value); repeatable; "
+                                          "not a key the space searches."),
+    max_steps: int | None = typer.Option(None, "--max-steps", help="Each trial stops after N "
+                                            "optimizer steps and counts as complete (its last "
+                                            "logged objective); the pruner's max resource in "
+                                            "steps."),
+    min_resource: int | None = typer.Option(None, "--min-resource", help="The pruner's first "
+                                               "rung, in what trials report at (epochs, or "
+                                               "steps in a loop without run.epochs): no trial "
+                                               "is pruned before it (default 1)."),
     seed: int | None = typer.Option(None, "--seed", help="Sampler seed (worker i uses seed+i)."),
     max_restarts: int = typer.Option(0, "--max-restarts", help="Relaunch a crashed trial up to "
                                      "N times (it resumes from its checkpoint)."),
@@ -59,6 +70,7 @@ def tune(
     """Search hyperparameters: each trial a supervised run; weak and sick trials pruned."""
     from prudent.config import load_settings
     from prudent.cost import commands as cost_commands
+    from prudent.hparams import parse_set_args
     from prudent.launch import LaunchSpec
     from prudent.tune.strategy import DEFAULT_PRUNER, DEFAULT_SAMPLER
     from prudent.tune.tuner import TuneOptions, Tuner, parse_enqueue
@@ -72,7 +84,8 @@ def tune(
         budget_usd=_usd(budget_usd, parse_usd), sampler=sampler or DEFAULT_SAMPLER,
         pruner=pruner or DEFAULT_PRUNER, study=study_name, storage=storage,
         enqueue=parse_enqueue(enqueue or []), max_epochs=max_epochs, epoch_s=epoch_s, seed=seed,
-        config_path=config, max_restarts=max_restarts, warm_start=warm_start)
+        config_path=config, max_restarts=max_restarts, warm_start=warm_start,
+        fixed=parse_set_args(set_ or []), max_steps=max_steps, min_resource=min_resource)
     settings = load_settings(config, overrides=cost)
     # bad space, flags or study: exit 2 before anything runs
     tuner = Tuner(options, settings, spec=LaunchSpec(settings=cost))

@@ -2,6 +2,8 @@
 
 ``summarize`` is the JSON of ``prudent study NAME --json`` (and what ``prudent tune`` prints
 at the end); trial states are ``complete``, ``pruned``, ``failed``, ``running``, ``waiting``.
+``unit`` says what the trials reported at: ``epoch`` (a loop with ``run.epochs``) or ``step``
+(an iteration loop); the table and the totals count in that unit.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ if TYPE_CHECKING:
 
     from prudent.config import ProjectSettings
 
-__all__ = ["print_summary", "summarize", "write_plots"]
+__all__ = ["print_summary", "reported_unit", "summarize", "write_plots"]
 
 _STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running",
            "WAITING": "waiting"}
@@ -28,7 +30,9 @@ def summarize(study: optuna.Study, settings: ProjectSettings | None = None) -> d
 
     meta = meta_of(study)
     live = _live_runs(study, settings)
-    trials = [_trial(t, live.get(t.user_attrs.get("run_id", ""))) for t in study.get_trials()]
+    unit = reported_unit(study)
+    trials = [_trial(t, live.get(t.user_attrs.get("run_id", "")), unit)
+              for t in study.get_trials()]
     best = _best(study)
     counts: dict[str, int] = {}
     for t in trials:
@@ -40,20 +44,31 @@ def summarize(study: optuna.Study, settings: ProjectSettings | None = None) -> d
         "best_params": dict(best.params) if best else None,
         "best_trial": best.number if best else None,
         "best_run_id": best.user_attrs.get("run_id") if best else None,
-        "counts": counts,
+        "counts": counts, "unit": unit,
         "epochs_total": sum(t["epochs"] or 0 for t in trials),
         "epochs_without_pruning": _full_epochs(trials, meta.get("max_epochs")),
+        "steps_total": sum(t["steps"] or 0 for t in trials),
+        "steps_without_pruning": _full_epochs(trials, meta.get("max_steps"), "steps"),
         "cost_usd_total": round(sum(t["cost_usd"] or 0.0 for t in trials), 6),
         "importances": _importances(study),
         "trials": trials,
     }
 
 
-def _full_epochs(trials: list[dict[str, Any]], max_epochs: int | None) -> int | None:
-    """What the finished trials would have cost in epochs had none been pruned."""
-    full = max_epochs or max((t["epochs"] for t in trials if t["state"] == "complete"), default=0)
+def _full_epochs(trials: list[dict[str, Any]], max_epochs: int | None,
+                 key: str = "epochs") -> int | None:
+    """What the finished trials would have cost in epochs (or steps) had none been pruned."""
+    full = max_epochs or max((t[key] for t in trials if t["state"] == "complete"), default=0)
     finished = sum(1 for t in trials if t["state"] in ("complete", "pruned"))
     return full * finished if full else None
+
+
+def reported_unit(study: optuna.Study) -> str:
+    """``step`` when a trial reported at optimizer steps (an iteration loop), else ``epoch``."""
+    from prudent.tune.trial import UNIT_ATTR
+
+    units = {t.user_attrs.get(UNIT_ATTR) for t in study.get_trials(deepcopy=False)}
+    return "step" if "step" in units else "epoch"
 
 
 def _best(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
@@ -63,7 +78,8 @@ def _best(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
         return None
 
 
-def _trial(t: optuna.trial.FrozenTrial, run: dict[str, Any] | None) -> dict[str, Any]:
+def _trial(t: optuna.trial.FrozenTrial, run: dict[str, Any] | None,
+           unit: str = "epoch") -> dict[str, Any]:
     attrs = t.user_attrs
     value = t.value if t.value is not None and math.isfinite(t.value) else None
     if value is None and t.intermediate_values:
@@ -72,12 +88,17 @@ def _trial(t: optuna.trial.FrozenTrial, run: dict[str, Any] | None) -> dict[str,
     cost = attrs.get("cost_usd")
     if cost is None and run is not None:
         cost = run["cost_usd"]
+    last_reported = max(t.intermediate_values) if t.intermediate_values else 0
     epochs = attrs.get("epochs")
-    if epochs is None:
-        epochs = max(t.intermediate_values) if t.intermediate_values else 0
+    if epochs is None:  # still running: the last report, or the record's
+        epochs = last_reported if unit == "epoch" else (run or {}).get("epoch") or 0
+    steps = attrs.get("steps")
+    if steps is None:
+        steps = (run or {}).get("step") or (last_reported if unit == "step" else 0)
     return {"number": t.number, "state": _STATES.get(t.state.name, t.state.name.lower()),
             "value": value, "params": dict(t.params), "run_id": attrs.get("run_id"),
-            "cost_usd": float(cost or 0.0), "epochs": int(epochs),
+            "cost_usd": float(cost or 0.0), "epochs": int(epochs), "steps": int(steps),
+            "reported": len(t.intermediate_values),
             "pruned_by": attrs.get("pruned_by") if t.state.name == "PRUNED" else None,
             "error": attrs.get("error"),
             "duration_s": t.duration.total_seconds() if t.duration else None}
@@ -124,9 +145,8 @@ def write_plots(study: optuna.Study, folder: Path) -> list[str]:
         return []
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as plots
-
     import optuna
+    from optuna.visualization import matplotlib as plots
 
     if not any(t.state.name in ("COMPLETE", "PRUNED") for t in study.get_trials(deepcopy=False)):
         return []  # nothing to draw yet
@@ -157,18 +177,19 @@ def print_summary(summary: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console(stderr=False)
-    table = Table("#", "state", summary.get("objective") or "value", "epochs", "cost $",
+    unit = f"{summary.get('unit') or 'epoch'}s"  # epochs or steps: what trials reported at
+    table = Table("#", "state", summary.get("objective") or "value", unit, "cost $",
                   "pruned by", "params", title=f"study {summary['study']}")
     for t in summary["trials"]:
         value = "" if t["value"] is None else f"{t['value']:.4g}"
         params = " ".join(f"{k}={_fmt(v)}" for k, v in t["params"].items())
-        table.add_row(str(t["number"]), t["state"], value, str(t["epochs"]),
+        table.add_row(str(t["number"]), t["state"], value, str(t[unit]),
                       f"{t['cost_usd']:.4f}", t["pruned_by"] or (t["error"] or "")[:40], params)
     console.print(table)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary["counts"].items()))
-    full = summary.get("epochs_without_pruning")
+    full = summary.get(f"{unit}_without_pruning")
     versus = f" ({full} if none had been pruned)" if full else ""
-    console.print(f"trials: {counts}; epochs used {summary['epochs_total']}{versus}; "
+    console.print(f"trials: {counts}; {unit} used {summary[f'{unit}_total']}{versus}; "
                   f"cost ${summary['cost_usd_total']:.4f}", markup=False)
     if summary["best_params"] is not None:
         console.print(f"best: {summary['objective']}={summary['best_value']:.6g} (trial "

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
 from prudent.config import read_yaml_file
 from prudent.errors import ConfigError
 

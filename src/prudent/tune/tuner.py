@@ -50,6 +50,9 @@ class TuneOptions:
     config_path: str | None = None
     max_restarts: int = 0
     warm_start: str | None = None  # an earlier study whose best configurations go first
+    fixed: dict[str, Any] = field(default_factory=dict)  # --set: the same in every trial
+    max_steps: int | None = None  # each trial stops (complete) after this many optimizer steps
+    min_resource: int | None = None  # the pruner's first rung (epochs or steps)
 
     def validate(self) -> SearchSpace:
         if not self.command:
@@ -62,7 +65,8 @@ class TuneOptions:
         if self.pruner not in PRUNERS:
             raise ConfigError(f"--pruner {self.pruner!r}: choose one of {', '.join(PRUNERS)}")
         for flag, value in (("--trials", self.trials), ("--workers", self.workers),
-                            ("--max-epochs", self.max_epochs)):
+                            ("--max-epochs", self.max_epochs), ("--max-steps", self.max_steps),
+                            ("--min-resource", self.min_resource)):
             if value is not None and value < 1:
                 raise ConfigError(f"{flag} must be >= 1, got {value}")
         for flag, number in (("--timeout", self.timeout_s), ("--budget-usd", self.budget_usd),
@@ -75,13 +79,38 @@ class TuneOptions:
         space = load_space(self.space)
         for i, config in enumerate(self.enqueue):
             space.check_config(config, f"--enqueue #{i + 1}")
+        _check_fixed(self.fixed, space, self.space)
         return space
 
     def pruner_spec(self) -> dict[str, Any]:
         args: dict[str, Any] = {}
-        if self.pruner == "hyperband" and self.max_epochs:
-            args["max_resource"] = self.max_epochs
+        if self.pruner == "hyperband" and self.max_resource:
+            args["max_resource"] = self.max_resource
+        if self.min_resource is not None and self.pruner != "none":
+            args["min_resource"] = self.min_resource
         return {"name": self.pruner, "args": args}
+
+    @property
+    def max_resource(self) -> int | None:
+        """A full trial's length in what trials report: epochs, else --max-steps' steps."""
+        return self.max_epochs or self.max_steps
+
+    @property
+    def unit(self) -> str:
+        """What the projection counts: steps when only --max-steps says how long a trial is."""
+        return "step" if self.max_steps and not self.max_epochs else "epoch"
+
+
+def _check_fixed(fixed: Mapping[str, Any], space: SearchSpace,
+                 source: str | Mapping[str, Any]) -> None:
+    """A --set key the space also samples is a contradiction, not a silent override."""
+    sampled = {p.name for p in space.params}
+    for key, value in fixed.items():
+        if key in sampled:
+            where = f"search space {source}" if isinstance(source, str) else "search space"
+            raise ConfigError(
+                f"--set {key}={value!r} fixes {key!r}, which the {where} also searches: keep "
+                f"{key!r} in one of them (--set to fix it, the space to search it)")
 
 
 class Tuner:
@@ -130,7 +159,8 @@ class Tuner:
         meta = {"objective": self.options.objective, "direction": self.options.direction,
                 "space": self.space.as_dict(), "pruner": self.options.pruner_spec(),
                 "sampler": self.options.sampler, "command": self.options.command,
-                "max_epochs": self.options.max_epochs}
+                "max_epochs": self.options.max_epochs, "max_steps": self.options.max_steps,
+                "fixed": self.options.fixed}
         study = create_or_load(self.name, open_storage(url), meta)
         configs = list(self.options.enqueue)
         if self.options.warm_start:
@@ -168,7 +198,8 @@ class Tuner:
                       workers=o.workers, trials=o.trials, budget_usd=o.budget_usd,
                       deadline=time.time() + o.timeout_s if o.timeout_s else None,
                       trial_usd_estimate=projection.trial_usd, seed=o.seed,
-                      config_path=o.config_path, max_restarts=o.max_restarts)
+                      config_path=o.config_path, max_restarts=o.max_restarts,
+                      fixed=dict(o.fixed), max_steps=o.max_steps, threads=self._threads())
         with self.forwarder:
             for index in range(o.workers):
                 # own session: a terminal's Ctrl-C reaches a worker once, through the forwarder
@@ -181,6 +212,21 @@ class Tuner:
         if self.forwarder.signals_seen:
             return 130
         return 0 if all(c == 0 for c in codes) else 1
+
+    def _threads(self, environ: Mapping[str, str] | None = None) -> int | None:
+        """Threads per trial so that workers x threads fit the cores (None: the user's
+        OMP_NUM_THREADS stands). Torch's default, one per core in every trial, makes two
+        workers on two cores several times slower than one."""
+        import os
+
+        env = os.environ if environ is None else environ
+        if env.get("OMP_NUM_THREADS"):
+            return None
+        cores = _cores()
+        threads = max(1, cores // self.options.workers)
+        self._say(f"each trial runs with OMP_NUM_THREADS={threads} ({cores} cores / "
+                  f"{self.options.workers} worker(s)); set OMP_NUM_THREADS to choose")
+        return threads
 
     def _wait_all(self, fatal: int) -> list[int]:
         """Wait for every worker; one that finds the study broken stops the others."""
@@ -200,10 +246,12 @@ class Tuner:
     # projection -------------------------------------------------------------------------
     def _projection(self, study: Any) -> Any:
         from prudent.tune.budget import project
+        from prudent.tune.report import reported_unit
 
-        measured_epochs, measured_s = _measured(study, self.settings)
-        max_epochs = self.options.max_epochs or measured_epochs
-        if self.options.epoch_s:
+        unit = self.options.unit if self.options.max_resource else reported_unit(study)
+        measured_max, measured_s = _measured(study, self.settings, unit)
+        max_resource = self.options.max_resource or measured_max
+        if self.options.epoch_s and unit == "epoch":
             epoch_s, source = self.options.epoch_s, "given by --epoch-s"
         elif measured_s:
             epoch_s, source = measured_s, "measured on this study's trials"
@@ -212,8 +260,9 @@ class Tuner:
         hourly, price_source = self._price()
         remaining = (self.options.trials or 0) - _counted(study)
         return project(trials=max(0, remaining), pruner=self.options.pruner_spec(),
-                       max_epochs=max_epochs, epoch_s=epoch_s, epoch_s_source=source,
-                       hourly_usd=hourly, price_source=price_source, workers=self.options.workers)
+                       max_epochs=max_resource, epoch_s=epoch_s, epoch_s_source=source,
+                       hourly_usd=hourly, price_source=price_source, workers=self.options.workers,
+                       unit=unit)
 
     def _price(self) -> tuple[float, str]:
         from prudent.cost.launch import check_launch
@@ -250,28 +299,40 @@ def parse_enqueue(items: Sequence[str]) -> list[dict[str, Any]]:
     return configs
 
 
+def _cores() -> int:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may use (containers, taskset)
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 def _counted(study: Any) -> int:
     return sum(1 for t in study.get_trials(deepcopy=False)
                if t.state.name != "WAITING" and not t.user_attrs.get("fatal"))
 
 
-def _measured(study: Any, settings: ProjectSettings) -> tuple[int | None, float | None]:
-    """The most epochs a completed trial ran, and the mean seconds per epoch of finished trials."""
+def _measured(study: Any, settings: ProjectSettings, unit: str = "epoch"
+              ) -> tuple[int | None, float | None]:
+    """The most epochs (or steps) a completed trial ran, and the mean seconds per epoch (or
+    step) of finished trials."""
     from prudent.store import Store
 
     finished = [t for t in study.get_trials(deepcopy=False)
                 if t.state.is_finished() and t.user_attrs.get("run_id")]
     if not finished:
         return None, None
-    complete = [t.user_attrs.get("epochs") or 0 for t in finished if t.state.name == "COMPLETE"]
+    key = "steps" if unit == "step" else "epochs"
+    complete = [t.user_attrs.get(key) or 0 for t in finished if t.state.name == "COMPLETE"]
     store = Store.open(settings.store)
     try:
         rates = []
         for trial in finished:
             run = store.get_run(trial.user_attrs["run_id"])
-            epochs = trial.user_attrs.get("epochs") or 0
-            if run and run["ended_at"] and epochs:
-                rates.append((run["ended_at"] - run["started_at"]) / epochs)
+            done = trial.user_attrs.get(key) or 0
+            if run and run["ended_at"] and done:
+                rates.append((run["ended_at"] - run["started_at"]) / done)
     finally:
         store.close()
     return (max(complete) if complete else None), (sum(rates) / len(rates) if rates else None)

@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,9 @@ class TuneJob:
     seed: int | None = None
     config_path: str | None = None
     max_restarts: int = 0
+    fixed: dict[str, Any] = field(default_factory=dict)  # --set: the same in every trial
+    max_steps: int | None = None  # a trial stops (complete) after this many optimizer steps
+    threads: int | None = None  # OMP_NUM_THREADS of each trial (None: inherited)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -222,14 +225,16 @@ class Worker:
         if self.stopping:  # told to stop after this trial was picked: it stays resumable
             return int(ExitCode.INTERRUPTED)
 
-        trial = TrialSpec(storage=self.job.storage, study=self.job.study, trial_id=task.trial_id,
-                          number=task.number, objective=self.job.objective,
-                          pruner=dict(self.job.pruner))
+        job = self.job
+        trial = TrialSpec(storage=job.storage, study=job.study, trial_id=task.trial_id,
+                          number=task.number, objective=job.objective, pruner=dict(job.pruner),
+                          max_steps=job.max_steps)
+        threads = {} if job.threads is None else {"OMP_NUM_THREADS": str(job.threads)}
         supervisor = Supervisor(
-            self.job.command, self.settings, run_id=task.run_id,
-            name=f"{self.job.study}-trial-{task.number}", overrides=task.params,
-            config_path=self.job.config_path, max_restarts=self.job.max_restarts,
-            spec=LaunchSpec(trial=trial))
+            job.command, self.settings, run_id=task.run_id,
+            name=f"{job.study}-trial-{task.number}", overrides={**job.fixed, **task.params},
+            config_path=job.config_path, max_restarts=job.max_restarts,
+            spec=LaunchSpec(trial=trial), extra_env=threads)
         code = supervisor.run()
         if supervisor.signals_seen:
             self.stopping = True
@@ -261,7 +266,7 @@ class Worker:
         attrs = self._outcome_attrs(task, record)
         for key, value in attrs.items():
             self.storage.set_trial_user_attr(task.trial_id, key, value)
-        if code == ExitCode.COMPLETED:
+        if code == ExitCode.COMPLETED or self._spent_step_budget(code, record):
             value = self._objective(task, record)
             self.study.tell(task.number, value, state=TrialState.COMPLETE)
         elif code in (ExitCode.PRUNED, ExitCode.RULE):
@@ -276,12 +281,24 @@ class Worker:
                     "space or the script's config keys, then run the same command again")
         return not self.stopping
 
+    def _spent_step_budget(self, code: int, record: Mapping[str, Any]) -> bool:
+        """The trial stopped on its --max-steps budget: a complete trial, not a failed one.
+
+        Read from the record's typed facts (budget stop, steps done), not from a message; a
+        cost budget hit at the same step would read the same, and the trial did run its steps.
+        """
+        return (self.job.max_steps is not None and code == ExitCode.BUDGET
+                and record.get("stop_reason") == StopKind.BUDGET.value
+                and int(record.get("step") or 0) >= self.job.max_steps)
+
     def _outcome_attrs(self, task: Task, record: Mapping[str, Any]) -> dict[str, Any]:
         attrs: dict[str, Any] = {"cost_usd": float(record.get("cost_usd") or 0.0),
                                  "epochs": _epochs(self.storage, task, record),
                                  "steps": int(record.get("step") or 0)}
         reason = record.get("stop_reason")
         stop = StopReason.parse(reason) if reason else None
+        if stop is not None and stop.kind is StopKind.BUDGET and self.job.max_steps:
+            attrs["step_budget"] = self.job.max_steps
         if stop is not None and stop.ends_early:
             attrs["pruned_by"] = _pruned_by(self.store, task.run_id, stop)
         elif record.get("status") == "failed":
@@ -307,7 +324,12 @@ class Worker:
 
 # helpers ----------------------------------------------------------------------------------
 def _epochs(storage: Any, task: Task, record: Mapping[str, Any]) -> int:
-    reported = storage.get_trial(task.trial_id).intermediate_values
+    """Epochs done: the record's, or the last epoch reported (a trial reporting at steps has
+    no epochs but the record's, 0 in a loop without ``run.epochs``)."""
+    from prudent.tune.trial import UNIT_ATTR
+
+    trial = storage.get_trial(task.trial_id)
+    reported = [] if trial.user_attrs.get(UNIT_ATTR) == "step" else trial.intermediate_values
     return max([int(record.get("epoch") or 0), *map(int, reported)])
 
 
