@@ -42,11 +42,6 @@ def context_of(run: Any) -> Any:
     return getattr(run, "context", run)
 
 
-def handler_lists(run: Any) -> dict[Any, list[Callable[..., None]]]:
-    """The run's own per-event handler lists (the kernel iterates these very list objects)."""
-    return context_of(run).handlers
-
-
 def component_costs_us(make_run_parts: Callable[[], tuple[Any, Any, Any]], reps: int
                        ) -> dict[str, float]:
     """Median over ``reps`` runs of each component's handler time, in microseconds per step
@@ -63,9 +58,7 @@ def _one_run(model: Any, opt: Any, loader: Any) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)  # this step's seconds, per component
     steps: dict[str, list[float]] = defaultdict(list)
     run = prudent.init(name="handler-cost", exit_on_stop=False)
-    for event in PER_STEP_EVENTS:
-        handlers = handler_lists(run)[event]  # the run's own lists: cached by the run
-        handlers[:] = [_timed(handler, totals) for handler in handlers]
+    context_of(run).wrap_handlers(lambda handler: _timed(handler, totals), PER_STEP_EVENTS)
     run.attach(model=model, optimizer=opt)
     with run:
         for _ in run.epochs(1):

@@ -52,7 +52,7 @@ from prudent.events import Event
 from prudent.monitor import Monitor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from handler_cost import context_of, handler_lists
+from handler_cost import context_of
 from overhead import (
     BATCH_SIZE,
     CLASSES,
@@ -71,16 +71,14 @@ WHAT = {"monitor": "the default rules", "all": "every default component"}
 
 
 class _Switch:
-    """Takes some components' per-step handlers out of a run and puts them back, in place."""
+    """Takes some components out of a run's per-step events and puts them back
+    (``RunContext.pause``: what a component muted itself stays muted)."""
 
     def __init__(self, run: Any, which: str) -> None:
-        components = context_of(run).components
+        self.context = context_of(run)
+        components = self.context.components
         monitor = next(c for c in components if isinstance(c, Monitor))
-        switched = {id(monitor)} if which == "monitor" else {id(c) for c in components}
-        self.lists = [handler_lists(run)[event] for event in PER_STEP_EVENTS]  # the run's own
-        self.full = [list(handlers) for handlers in self.lists]
-        self.without = [[h for h in handlers if id(getattr(h, "__self__", None)) not in switched]
-                        for handlers in self.lists]
+        self.switched = [monitor] if which == "monitor" else list(components)
         self.stats = monitor.stats
         self.paused_s = 0.0
         self._off_since: float | None = None
@@ -88,8 +86,7 @@ class _Switch:
         self.stats._window_start = self.stats.clock()
 
     def set(self, on: bool) -> None:
-        for handlers, chosen in zip(self.lists, self.full if on else self.without):
-            handlers[:] = chosen
+        self.context.pause(self.switched, paused=not on)
         if on and self._off_since is not None:
             self.paused_s += clock() - self._off_since
             self._off_since = None

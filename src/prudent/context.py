@@ -75,7 +75,12 @@ class RunContext:
         # must not keep its graph alive)
         self.host_reads: list[tuple[Any, Any]] = []
         self._components: list[Component] = []
+        # each event's (component, handler) pairs in order; the lists the kernel iterates hold
+        # those whose component neither muted itself (subscribe) nor was paused from outside
+        self._registered: dict[Event, list[tuple[Component, Callable[..., None]]]] = {
+            event: [] for event in Event}
         self._muted: dict[Event, set[int]] = {event: set() for event in Event}
+        self._paused: set[int] = set()
         self.handlers: dict[Event, list[Callable[..., None]]] = {event: [] for event in Event}
         for component in components:
             self.add_component(component)
@@ -87,7 +92,8 @@ class RunContext:
         self._components.append(component)
         for event in Event:
             if component.overrides(event):
-                self.handlers[event].append(getattr(component, event.method_name))
+                self._registered[event].append((component, getattr(component, event.method_name)))
+                self._refresh(event)
 
     def subscribe(self, component: Component, event: Event, on: bool = True) -> None:
         """Call ``component`` on ``event`` from now on (``on=False``: stop calling it).
@@ -103,8 +109,30 @@ class RunContext:
             muted.discard(id(component))
         else:
             muted.add(id(component))
-        self.handlers[event][:] = [getattr(c, event.method_name) for c in self._components
-                                   if c.overrides(event) and id(c) not in muted]
+        self._refresh(event)
+
+    def is_subscribed(self, component: Component, event: Event) -> bool:
+        return any(c is component for c, _ in self._registered[event]) and (
+            id(component) not in self._muted[event])
+
+    def pause(self, components: Iterable[Component], paused: bool = True) -> None:
+        """Take components out of every event (or put them back) without their knowing:
+        for instruments such as the overhead benchmark's on/off blocks."""
+        ids = {id(c) for c in components}
+        self._paused = self._paused | ids if paused else self._paused - ids
+        for event in Event:
+            self._refresh(event)
+
+    def wrap_handlers(self, wrap: Callable[[Callable[..., None]], Callable[..., None]],
+                      events: Iterable[Event] = tuple(Event)) -> None:
+        """Replace each handler of ``events`` with ``wrap(handler)`` (a timer, a tracer)."""
+        for event in events:
+            self._registered[event] = [(c, wrap(h)) for c, h in self._registered[event]]
+            self._refresh(event)
+
+    def _refresh(self, event: Event) -> None:
+        off = self._muted[event] | self._paused
+        self.handlers[event][:] = [h for c, h in self._registered[event] if id(c) not in off]
 
     @property
     def components(self) -> tuple[Component, ...]:

@@ -1,0 +1,85 @@
+"""The RunContext's event lists: what a component and an instrument may change, and how."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import prudent
+from prudent.config import ProjectSettings
+from prudent.events import Component, Event
+
+
+class Counter(Component):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls = 0
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        self.calls += 1
+
+
+class EveryOtherStep(Counter):
+    """Needs ``after_backward`` on even steps only: it says so instead of returning at once."""
+
+    def __init__(self) -> None:
+        super().__init__("every_other")
+        self.backward_steps: list[int] = []
+
+    def on_after_backward(self, ctx: Any, loss: Any) -> None:
+        self.backward_steps.append(ctx.state.step + 1)
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        super().on_step_end(ctx, metrics)
+        ctx.subscribe(self, Event.AFTER_BACKWARD, (ctx.state.step + 1) % 2 == 0)
+
+
+def _train(run: prudent.Run, steps: int) -> None:
+    import torch
+
+    weight = torch.ones(1, requires_grad=True)
+    for _ in range(steps):
+        run.backward((weight * 2).sum())
+        run.step()
+
+
+def test_a_component_that_unsubscribes_is_not_called_until_it_subscribes_again(
+        settings: ProjectSettings) -> None:
+    sparse = EveryOtherStep()
+    run = prudent.init(name="subscribe", settings=settings, exit_on_stop=False,
+                       components=[sparse])
+    _train(run, 6)
+    run.context.finish("completed")
+    assert sparse.backward_steps == [1, 2, 4, 6] and sparse.calls == 6
+
+
+def test_pausing_keeps_order_and_what_a_component_muted_itself(settings: ProjectSettings) -> None:
+    first, sparse, last = Counter("first"), EveryOtherStep(), Counter("last")
+    run = prudent.init(name="pause", settings=settings, exit_on_stop=False,
+                       components=[first, sparse, last])
+    ctx = run.context
+    ctx.subscribe(sparse, Event.AFTER_BACKWARD, False)
+    ctx.pause([first, sparse])
+    assert ctx.handlers[Event.STEP_END] == [last.on_step_end]
+    ctx.pause([first, sparse], paused=False)
+    assert ctx.handlers[Event.STEP_END] == [first.on_step_end, sparse.on_step_end,
+                                            last.on_step_end]
+    assert ctx.handlers[Event.AFTER_BACKWARD] == []  # still muted by the component itself
+    assert not ctx.is_subscribed(sparse, Event.AFTER_BACKWARD)
+    ctx.finish("completed")
+
+
+def test_wrapped_handlers_survive_a_component_resubscribing(settings: ProjectSettings) -> None:
+    sparse = EveryOtherStep()
+    run = prudent.init(name="wrap", settings=settings, exit_on_stop=False, components=[sparse])
+    seen: list[str] = []
+
+    def wrap(handler: Any) -> Any:
+        def call(*args: Any) -> None:
+            seen.append(handler.__name__)
+            handler(*args)
+        return call
+
+    run.context.wrap_handlers(wrap, [Event.AFTER_BACKWARD, Event.STEP_END])
+    _train(run, 3)
+    run.context.finish("completed")
+    assert seen.count("on_after_backward") == 2 and seen.count("on_step_end") == 3
