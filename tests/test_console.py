@@ -31,6 +31,21 @@ def test_plain_mode_prints_progress_logs_and_a_summary(settings: ProjectSettings
     assert not any("$" in line for line in lines)  # no instance known: no cost shown
 
 
+def test_an_iteration_loop_logs_without_an_epoch(settings: ProjectSettings) -> None:
+    out = NotATerminal()
+    reporter = ConsoleReporter(ConsoleSettings(mode="plain"), stream=out)
+    run = prudent.init(name="console", settings=settings, exit_on_stop=False,
+                       components=[reporter])
+    with run:
+        for it in range(6):
+            if it % 3 == 0:
+                run.log(val_loss=2.5)
+            run.step(loss=0.5)
+    lines = out.getvalue().splitlines()
+    assert f"prudent | {run.id} | step 3: val_loss=2.5" in lines
+    assert not any("epoch" in line for line in lines)
+
+
 def test_plain_line_shows_the_live_cost_the_meter_publishes(settings: ProjectSettings) -> None:
     out = NotATerminal()
     reporter = ConsoleReporter(ConsoleSettings(mode="plain", interval_s=1e-6), stream=out)

@@ -68,7 +68,9 @@ class ConsoleReporter(Component):
 
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         values = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())
-        self._print(f"epoch {run.state.epoch + 1} step {run.state.step}: {values}", run)
+        state = run.state  # "epoch 1" only where there are epochs: an iteration loop has none
+        epoch = f"epoch {state.epoch + 1} " if state.num_epochs is not None else ""
+        self._print(f"{epoch}step {state.step}: {values}", run)
 
     def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         if self._progress is not None:

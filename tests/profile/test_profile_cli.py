@@ -59,6 +59,24 @@ def test_prudent_profile_prints_the_breakdown_and_json(home: Path, slow_data_run
     assert document["findings"][0]["evidence"]["data_pct"] > 50
 
 
+def test_prudent_profile_of_an_iteration_loop_speaks_in_steps(
+        home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """nanoGPT's loop: no run.epochs, no run.batches (so no samples/s), a log every 10 steps."""
+    settings = make_settings(home, checkpoint={"enabled": False}, profile={"interval_s": 0.02})
+    run = prudent.init(name="iterations", settings=settings, exit_on_stop=False)
+    with run:
+        for it in range(40):
+            if it % 10 == 0:
+                run.log(val_loss=1.0)
+            time.sleep(0.01)
+            run.step(loss=1.0)
+    code, out, _ = cli(monkeypatch, capsys, "profile", run.id)
+    assert code == 0, out
+    assert "profile: 40 steps" in out and "steps/s" in out
+    assert "recent throughput: " in out and "samples/s" not in out
+    assert "epoch" not in out and "batch" not in out
+
+
 def test_show_json_has_profile_and_findings(home: Path, slow_data_run: str,
                                             monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:

@@ -91,7 +91,7 @@ def test_breakdown_matches_injected_delays_and_is_stored_and_in_the_run_folder(
     seconds = {name: row["s"] for name, row in profile["breakdown"].items()}
     # sleeps only ever overshoot; benchmarks/profile_accuracy.py measures how closely
     assert 0.25 <= seconds["data"] < 0.25 * 1.3
-    assert 0.125 <= seconds["compute"] and 0.2 <= seconds["eval"] < 0.3
+    assert seconds["compute"] >= 0.125 and 0.2 <= seconds["eval"] < 0.3
     assert profile["num_steps"] == 25 and profile["throughput"]["batch_size"] == 8
     throughput = profile["throughput"]
     recent, whole = throughput["recent"]["steps_per_s"], throughput["steps_per_s"]
@@ -101,8 +101,8 @@ def test_breakdown_matches_injected_delays_and_is_stored_and_in_the_run_folder(
     on_disk = json.loads((run.context.run_dir / "profile.json").read_text())
     assert on_disk["breakdown"] == profile["breakdown"] and len(on_disk["timeline"]) >= 3
     findings = events(home, run, "finding")
-    assert [e["name"] for e in findings] == ["input_bound", "eval_overhead"]
-    assert "1 evaluation, 2" in findings[1]["message"]
+    # eval took ~40% of the run, but one evaluation is no pattern: eval_overhead needs 3
+    assert [e["name"] for e in findings] == ["input_bound"]
 
 
 def test_tokens_passed_to_step_give_tokens_per_second(home: Path) -> None:

@@ -142,6 +142,13 @@ def test_checkpoint_overhead_suggests_an_interval() -> None:
     assert diagnose(facts(compute=10.0, checkpoint=0.4, num_checkpoints=1)) == []
 
 
+def test_eval_overhead_needs_three_evaluations_before_it_advises() -> None:
+    assert diagnose(facts(data=0.0, compute=10.0, eval_=5.0, num_evals=1)) == []
+    assert diagnose(facts(data=0.0, compute=10.0, eval_=5.0, num_evals=2)) == []
+    (finding,) = diagnose(facts(data=0.0, compute=10.0, eval_=5.0, num_evals=3))
+    assert finding.id == "eval_overhead" and "3 evaluations" in finding.message
+
+
 def test_eval_overhead_fires_above_its_threshold() -> None:
     (finding,) = diagnose(facts(data=0.0, compute=10.0, eval_=5.0, num_evals=5))
     assert finding.id == "eval_overhead" and "5 evaluations, 1000 ms each" in finding.message

@@ -227,7 +227,12 @@ def checkpoint_overhead(f: Facts, t: Thresholds) -> Finding | None:
         "{now:g}) to bring it near {target:g}%, or save asynchronously."))
 
 
+MIN_EVALS = 3  # one evaluation's cost is mostly warm-up, and its spacing is unknown
+
+
 def eval_overhead(f: Facts, t: Thresholds) -> Finding | None:
+    if f.num_evals < MIN_EVALS:
+        return None
     return _overhead(f, t.eval_overhead_pct, "eval", f.num_evals, (
         "evaluation took {pct:.0f}% of training time ({n} evaluation{s}, {each:.0f} ms each; "
         "threshold {limit:g}%): evaluate every {every} steps or more (now every {now:g}) to "

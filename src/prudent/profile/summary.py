@@ -144,12 +144,12 @@ def _detail_lines(summary: dict[str, Any]) -> list[str]:
     step_time = summary.get("step_time_ms")
     if step_time:
         lines.append(f"step time: median {step_time['median']:.3f} ms, p90 {step_time['p90']:.3f} "
-                     f"ms; setup before the first batch {summary['setup_s']:.2f} s; device "
+                     f"ms; setup before the first step {summary['setup_s']:.2f} s; device "
                      f"{summary.get('device', '?')}")
-    recent = summary["throughput"]["recent"]
-    if recent.get("steps_per_s"):
-        lines.append(f"recent throughput: {recent['steps_per_s']:.4g} steps/s, "
-                     f"{recent['samples_per_s']:.4g} samples/s")
+    recent = ", ".join(f"{value:.4g} {key.removesuffix('_per_s')}/s" for key, value
+                       in summary["throughput"]["recent"].items() if value)
+    if recent:  # samples/s only with run.batches (a loop drawing its own batches has none)
+        lines.append(f"recent throughput: {recent}")
     system = summary["system"]
     if "cpu_pct" in system:
         lines.append(f"process CPU {system['cpu_pct']['mean']:.0f}% of a core (mean), system "
