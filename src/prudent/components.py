@@ -22,7 +22,7 @@ from prudent.distributed import StopCoordinator, ranks_from_env
 from prudent.events import Component
 from prudent.launch import LaunchSpec
 from prudent.monitor.monitor import Monitor
-from prudent.preemption import PreemptionWatcher
+from prudent.preemption.watcher import PreemptionWatcher
 from prudent.preflight.probe import PreflightProbe
 from prudent.profile.component import Profiler
 from prudent.recorder import MetricsRecorder

@@ -33,7 +33,7 @@ from prudent.debug.settings import DebugSettings
 from prudent.errors import ConfigError
 from prudent.launch import ENV_CONFIG, ENV_SETTINGS
 from prudent.monitor.settings import MonitorSettings
-from prudent.preemption import PreemptionSettings
+from prudent.preemption.settings import PreemptionSettings
 from prudent.profile.settings import ProfileSettings
 from prudent.run import RunSettings
 from prudent.store import StoreSettings

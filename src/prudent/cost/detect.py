@@ -15,7 +15,8 @@ from collections.abc import Callable
 from prudent.cost.catalog import Catalog
 from prudent.cost.settings import CostSettings
 from prudent.errors import ConfigError
-from prudent.preemption import PreemptionSettings, detect_cloud
+from prudent.preemption.cloud import detect_cloud
+from prudent.preemption.settings import PreemptionSettings
 
 __all__ = ["detect_instance", "with_detected"]
 

@@ -17,57 +17,19 @@ import urllib.error
 import urllib.request
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import TYPE_CHECKING
 
 from prudent.events import Component, EventKind
+from prudent.preemption.cloud import detect_cloud
+from prudent.preemption.settings import PreemptionSettings
 from prudent.stop import StopKind, StopReason
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
-    from prudent.stop import StopReason
 
-__all__ = ["PreemptionSettings", "PreemptionWatcher", "detect_cloud"]
+__all__ = ["PreemptionWatcher", "detect_cloud"]
 
 GCP_NOTICE_S = 30.0
-_DMI = ("/sys/class/dmi/id/sys_vendor", "/sys/class/dmi/id/board_vendor",
-        "/sys/class/dmi/id/product_name")
-
-
-class PreemptionSettings(BaseModel):
-    """``preemption:`` in prudent.yaml (PRUDENT_METADATA_URL overrides ``metadata_url``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    watch: Literal["auto", "on", "off"] = Field("auto", description="auto: watch when running "
-                                                "on AWS, GCP or Azure (detected from DMI).")
-    cloud: Literal["auto", "aws", "gcp", "azure"] = Field("auto", description="Which notice to "
-                                                         "poll; auto: the detected cloud, else all.")
-    metadata_url: str = Field("http://169.254.169.254", description="Base URL of the metadata "
-                              "service (tests point it at a local server).")
-    poll_interval_s: float = Field(5.0, gt=0, description="Seconds between polls (AWS advises 5).")
-    timeout_s: float = Field(1.0, gt=0, description="Timeout of one metadata request.")
-
-    @field_validator("watch", mode="before")
-    @classmethod
-    def _yaml_booleans(cls, value: object) -> object:
-        # YAML 1.1 reads a bare `on` / `off` as true / false
-        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
-
-
-def detect_cloud(dmi_files: tuple[str, ...] = _DMI) -> str | None:
-    text = " ".join(_read(path) for path in dmi_files).lower()
-    if "amazon" in text:
-        return "aws"
-    if "google" in text:
-        return "gcp"
-    if "microsoft" in text:
-        return "azure"
-    return None
-
-
 class PreemptionWatcher(Component):
     name = "preemption"
 
@@ -153,10 +115,3 @@ class PreemptionWatcher(Component):
                         else time.time() + GCP_NOTICE_S)
                 return when, f"Preempt scheduled not before {not_before}"
         return None
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
