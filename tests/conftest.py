@@ -14,7 +14,6 @@ import pytest
 from prudent.config import ProjectSettings
 from prudent.testing import make_settings
 
-
 # Threads meant to live as long as the test session: fsspec's shared IO loop, and servers
 # started by session fixtures (which register theirs here).
 SESSION_THREADS: set[threading.Thread] = set()

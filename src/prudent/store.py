@@ -234,7 +234,7 @@ class Store:
         stmt = (sa.select(metrics.c.name, metrics.c.value)
                 .join(newest, metrics.c.id == newest.c.id).order_by(metrics.c.name))
         with self.engine.connect() as conn:
-            return {name: value for name, value in conn.execute(stmt)}
+            return dict(conn.execute(stmt).all())
 
     def metric_series(self, run_id: str, name: str) -> list[tuple[int, float | None]]:
         stmt = (sa.select(metrics.c.step, metrics.c.value)

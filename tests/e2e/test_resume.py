@@ -60,7 +60,7 @@ def child_of(supervisor: subprocess.Popen[str], previous: int | None, timeout: f
 def wait_for_step(log: Path, pid: int, min_steps: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if log.exists() and sum(1 for l in log.read_text().splitlines() if l.startswith(f"{pid} ")) >= min_steps:
+        if log.exists() and sum(1 for line in log.read_text().splitlines() if line.startswith(f"{pid} ")) >= min_steps:
             return
         time.sleep(0.01)
     raise AssertionError(f"process {pid} made no progress")

@@ -14,7 +14,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-
 from prudent.checkpoint.objects import check_saveable, restore_object, state_of
 from prudent.checkpoint.schedule import SaveSchedule
 from prudent.checkpoint.settings import CheckpointSettings

@@ -127,7 +127,7 @@ class LocalStorage(CheckpointStorage):
 
     def remove_stale_staging(self) -> int:
         """Staging folders left by a process killed mid-save."""
-        stale = [p for p in self.root.glob(".tmp-ckpt-*")] + list(self.root.glob(".old-ckpt-*"))
+        stale = [*self.root.glob(".tmp-ckpt-*"), *self.root.glob(".old-ckpt-*")]
         for path in stale:
             shutil.rmtree(path, ignore_errors=True)
         return len(stale)

@@ -24,8 +24,8 @@ from prudent.debug.probe import describe_batch
 from prudent.events import Component
 
 if TYPE_CHECKING:
-    from prudent.monitor.settings import MonitorSettings
     from prudent.context import RunContext
+    from prudent.monitor.settings import MonitorSettings
     from prudent.stop import StopReason
 
 __all__ = ["CUBLAS_WORKSPACE", "DebugMode", "capture_on_every_rule"]

@@ -2,34 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 __all__ = ["preflight"]
 
 
 def preflight(
-    command: Optional[list[str]] = typer.Argument(None, help="The training command, after --."),
+    command: list[str] | None = typer.Argument(None, help="The training command, after --."),
     steps: int = typer.Option(8, "--steps", help="Batches per epoch in the smoke run (two "
                               "epochs run); the first epoch's data is also read in full."),
-    instance: Optional[str] = typer.Option(None, "--instance", help="Target machine as "
+    instance: str | None = typer.Option(None, "--instance", help="Target machine as "
                                            "cloud:instance (see `prudent catalog`), for the "
                                            "projected cost."),
     spot: bool = typer.Option(False, "--spot", help="Project with the instance's spot price."),
-    price_per_hour: Optional[float] = typer.Option(None, "--price-per-hour", help="Your own "
+    price_per_hour: float | None = typer.Option(None, "--price-per-hour", help="Your own "
                                                    "price in USD per hour (wins over the "
                                                    "catalog)."),
-    speedup: Optional[float] = typer.Option(None, "--speedup", help="How many times faster than "
+    speedup: float | None = typer.Option(None, "--speedup", help="How many times faster than "
                                             "this machine the target runs a step (default: none "
                                             "applied, and said so)."),
     device: str = typer.Option("cpu", "--device", help="Where the smoke runs train: cpu, or "
                                "cuda on the target machine for a measured step time."),
     timeout_s: float = typer.Option(300.0, "--timeout", help="Seconds each process may take."),
     as_json: bool = typer.Option(False, "--json", help="Print the checklist as JSON."),
-    keep: Optional[str] = typer.Option(None, "--keep", help="Keep the smoke runs' files "
+    keep: str | None = typer.Option(None, "--keep", help="Keep the smoke runs' files "
                                        "(logs, checkpoints, probe records) in this folder."),
-    config: Optional[str] = typer.Option(None, "--config", "-c", help="Settings file (for "
+    config: str | None = typer.Option(None, "--config", "-c", help="Settings file (for "
                                          "cost.catalog_file)."),
 ) -> None:
     """Run the script on CPU on a few batches and check what would fail hours into a cloud run."""

@@ -42,7 +42,7 @@ with run:                              # a clean stop (preemption, budget, rule,
         for x, y in run.batches(train_loader):       # skips batches already done; times the wait for data
             loss = F.cross_entropy(model(x), y)
             run.backward(loss)                       # backward + gradient statistics
-            opt.step(); opt.zero_grad()
+            opt.step(); opt.zero_grad()  # noqa: E702 - as DESIGN.md writes it
             run.step(loss=loss)                      # metrics, rules, checkpoint when due, budget, preemption
         run.log(val_acc=evaluate(model))             # evaluation metrics; the tuner reads these
 print(f"done lr={cfg['lr']} epochs={cfg['epochs']} run={run.id}")
