@@ -65,6 +65,7 @@ class RunContext:
         self.logged: dict[str, float] = {}  # the newest value of each run.log metric
         self.batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self.resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
+        self.step_limit: int | None = None  # run.steps stops here (preflight's short loops)
         self._home = Path(home)
         self._handle_signals = handle_signals
         self._stop: StopReason | None = None

@@ -53,6 +53,15 @@ class Run:
         self.settings = settings or RunSettings()
         self._smoke = smoke
         self._scaler: Any = None
+        # gradient accumulation: backward calls in this step, the number per step last seen,
+        # the micro-step losses summed, whether after_backward was announced this step
+        self._micro = 0
+        self._micro_per_step: int | None = None
+        self._step_loss: Any = None
+        self._announced = False
+        self._positioned = False  # run.batches or run.steps put the loop where it was
+        self._counter_read = False  # the loop read run.state (it continues its own count)
+        self._warned_counter = False
         handlers = context.handlers
         # the hot path: looked up once
         self._step_end = handlers[Event.STEP_END]
@@ -76,7 +85,10 @@ class Run:
     @property
     def state(self) -> RunState:
         """The counters (read-only for the loop): ``state.step`` is the number of completed
-        ``run.step()`` calls over the whole run, restored when a run resumes."""
+        ``run.step()`` calls (optimizer steps) over the whole run, restored when a run
+        resumes; ``state.epoch`` the epoch in progress. A loop that keeps its own iteration
+        counter starts it at ``run.state.step`` (or uses :meth:`steps`)."""
+        self._counter_read = True
         return self.context.state
 
     @property
@@ -116,8 +128,43 @@ class Run:
             self.context.objects[key] = obj
             if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled():
                 self._scaler = obj
-        self.context.emit(Event.ATTACH, dict(objects))
+        ctx = self.context
+        ctx.emit(Event.ATTACH, dict(objects))
+        if ctx.resume_rng is not None:
+            # a resumed run: the generators as they were at the checkpoint, for any loop shape
+            # (run.batches and run.steps restore them again where their loop starts)
+            from prudent.rng import restore_rng
+
+            restore_rng(ctx.resume_rng)
         return self
+
+    def steps(self, num_steps: int) -> Iterator[int]:
+        """Yield iteration numbers from the step the run was restored at up to ``num_steps - 1``:
+        ``for it in run.steps(max_iters):`` for a loop without epochs (nanoGPT's). The body
+        calls ``run.step()`` once per iteration (after its micro-steps, if it accumulates).
+
+        Resuming, the generators are put back as they were at the checkpoint before the first
+        iteration, so batches drawn with ``torch.randint`` continue exactly. In smoke mode
+        (``prudent preflight``) the loop stops after a few steps; ``state.num_steps`` keeps the
+        requested number for projections.
+        """
+        ctx, state = self.context, self.context.state
+        state.num_steps = num_steps
+        self._positioned = True
+        rng, ctx.resume_rng = ctx.resume_rng, None
+        if rng is not None:
+            from prudent.rng import restore_rng
+
+            restore_rng(rng)
+        while state.step < num_steps:
+            if ctx.step_limit is not None and state.step >= ctx.step_limit:
+                return
+            ctx.check_stop()
+            it = state.step
+            yield it
+            if state.step == it:
+                raise RuntimeError(f"run.steps: iteration {it} ended without run.step(); call "
+                                   "run.step() once per iteration (after its micro-steps)")
 
     def epochs(self, num_epochs: int) -> Iterator[int]:
         """Yield epoch indices, starting at the epoch in progress when the run was restored.
@@ -146,6 +193,7 @@ class Run:
         except TypeError:
             state.batches_per_epoch = None
         iterator = self._position(loader)
+        self._positioned = True
         for wrap in ctx.batch_wrappers:
             iterator = wrap(iterator)
         clock = time.perf_counter
@@ -182,16 +230,42 @@ class Run:
         return resume_iterator(loader, state.epoch_rng, state.batches_in_epoch,
                                after_skip=lambda: restore_rng(rng))
 
-    def backward(self, loss: Any) -> None:
-        """``loss.backward()`` (scaled when a GradScaler is attached), then gradient hooks."""
+    def backward(self, loss: Any, *, last: bool | None = None) -> None:
+        """``loss.backward()`` (scaled when a GradScaler is attached), then gradient hooks.
+
+        Several calls before one ``run.step()`` are micro-steps of one optimizer step
+        (gradient accumulation): the gradient hooks run once, after the last one, with the sum
+        of the micro-step losses as passed. Which call is the last is learnt from the steps
+        before (the first step of a run is measured on every micro-step); ``last=True`` or
+        ``False`` says it outright.
+        """
         (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
-        ctx = self.context
+        self._micro += 1
+        if self._micro == 1:
+            self._step_loss = loss
+        else:
+            self._step_loss = self._step_loss.detach() + loss.detach()
+        if last is None:
+            last = self._micro_per_step is None or self._micro >= self._micro_per_step
+        if last:
+            self._announce_backward()
+
+    def _announce_backward(self) -> None:
+        self._announced = True
+        ctx, loss = self.context, self._step_loss
         for handler in self._after_backward:
             handler(ctx, loss)
 
     def step(self, **metrics: Any) -> None:
         """End of one optimisation step: metrics (numbers or 0-d tensors), rules, stop checks."""
         ctx = self.context
+        if self._micro:
+            if not self._announced:  # fewer micro-steps than before: the hooks run now
+                self._announce_backward()
+            self._micro_per_step, self._micro, self._announced = self._micro, 0, False
+            self._step_loss = None
+        if not self._positioned and not self._warned_counter:
+            self._warn_counter_restarts()
         ctx.state.step += 1
         for handler in self._step_end:
             handler(ctx, metrics)
@@ -199,6 +273,19 @@ class Run:
             ctx.host_reads.clear()  # the step's tensors are not kept past it
         if ctx.pending_stop is not None and not ctx.defer_stops:
             ctx.raise_stop()
+
+    def _warn_counter_restarts(self) -> None:
+        """A resumed loop that counts for itself from 0 trains the steps already done again."""
+        self._warned_counter = True
+        step = self.context.state.step
+        if step and not self._counter_read:
+            import warnings
+
+            warnings.warn(f"prudent: run {self.id} resumed at step {step}, but the loop uses "
+                          "neither run.steps(n) nor run.batches(loader) and never reads "
+                          "run.state.step: if it counts its iterations from 0 it trains "
+                          f"{step} steps more than asked. Write `for it in run.steps(max_iters):`"
+                          " (or start the counter at run.state.step)", stacklevel=3)
 
     def log(self, **metrics: Any) -> None:
         """Evaluation metrics (converted to floats now: they are rare and the tuner reads them)."""

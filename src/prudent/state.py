@@ -14,7 +14,8 @@ class RunState:
 
     ``step`` counts completed ``run.step()`` calls over the whole run; ``epoch`` is the epoch
     in progress (0-based); ``batches_in_epoch`` is how many batches of it were consumed;
-    ``epoch_rng`` holds the generator states the epoch's shuffle order was drawn from.
+    ``epoch_rng`` holds the generator states the epoch's shuffle order was drawn from;
+    ``num_steps`` is the ``n`` of ``run.steps(n)`` (None for an epoch loop).
     """
 
     step: int = 0
@@ -22,6 +23,7 @@ class RunState:
     batches_in_epoch: int = 0
     num_epochs: int | None = None
     batches_per_epoch: int | None = None
+    num_steps: int | None = None
     epoch_rng: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:

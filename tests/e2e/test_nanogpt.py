@@ -1,14 +1,20 @@
 """A nanoGPT-style script (scripts/nanogpt.py: no epochs, no DataLoader, 2 micro-steps, a
-hand-set cosine learning rate, an evaluation every N iterations) under profile and tune."""
+hand-set cosine learning rate, an evaluation every N iterations) under profile, tune and kills."""
 
 from __future__ import annotations
 
 import json
+import random
+import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+import torch
 
 from tests.e2e.conftest import Project, script
 
@@ -71,3 +77,56 @@ def test_a_tuned_nanogpt_reports_every_evaluation_at_its_step_and_the_pruner_pru
         assert t["pruned_by"] in (None, "pruner") and t["params"]["lr"] in LRS
         run = project.show(t["run_id"])
         assert run["config"]["max_iters"] == 300 and run["config"]["eval_interval"] == 20
+
+
+def _child(supervisor: subprocess.Popen[str], previous: int | None) -> psutil.Process:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        kids = [p for p in psutil.Process(supervisor.pid).children() if p.pid != previous]
+        if kids:
+            return kids[0]
+        time.sleep(0.02)
+    raise AssertionError("prudent run did not relaunch the training process")
+
+
+def _checkpoints(folder: Path) -> set[str]:
+    return {p.name for p in folder.glob("ckpt-*")} if folder.is_dir() else set()
+
+
+@pytest.mark.slow
+def test_a_nanogpt_killed_twice_ends_with_the_weights_of_an_uninterrupted_run(
+        project: Project) -> None:
+    """No DataLoader, batches from torch.randint, a hand-set learning rate, 2 micro-steps:
+    SIGKILLed twice under --max-restarts, the final weights are torch.equal to a run never
+    interrupted (the generators come back with the checkpoint, the loop's counter too)."""
+    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "5steps", "PRUDENT_CONSOLE": "off"})
+    common = ["--set", "max_iters=80", "--set", "eval_interval=20"]
+    reference = project.prudent("run", "--run-id", "reference", *common, "--set",
+                                "out=reference.pt", "--", sys.executable, script("nanogpt.py"),
+                                timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    checkpoints = project.path / ".prudent" / "runs" / "victim" / "checkpoints"
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "prudent", "run", "--run-id", "victim", "--max-restarts", "4",
+         "--restart-backoff-s", "0.1", *common, "--set", "sleep_s=0.03", "--set", "out=final.pt",
+         "--", sys.executable, script("nanogpt.py")],
+        cwd=project.path, env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rng, child = random.Random(3), None
+    for _ in range(2):
+        child = _child(supervisor, child.pid if child else None)
+        seen = _checkpoints(checkpoints)
+        deadline = time.monotonic() + 60
+        while len(_checkpoints(checkpoints) - seen) < rng.randint(1, 2):  # mid-run, after a save
+            assert time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.1))
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=60)
+    _, err = supervisor.communicate(timeout=300)
+    assert supervisor.returncode == 0, err
+    final = torch.load(project.path / "final.pt", weights_only=True)
+    expected = torch.load(project.path / "reference.pt", weights_only=True)
+    assert final.keys() == expected.keys()
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    shown = project.show("victim")
+    assert shown["restarts"] == 2 and shown["status"] == "completed" and shown["step"] == 80

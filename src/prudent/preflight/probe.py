@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prudent.events import Component
 from prudent.launch import LaunchSpec, PreflightSpec
 from prudent.preflight import structure
+from prudent.run import SMOKE_MAX_EPOCHS
 from prudent.stop import StopKind
 
 if TYPE_CHECKING:
@@ -99,6 +100,8 @@ class PreflightProbe(Component):
         self.record.update(run_id=run.id, started_at=time.time())
         run.wrap_batches(lambda it: self._overfit(run, it) if self.settings.mode == "overfit"
                          else self._smoke(run, it))
+        if self.settings.mode == "smoke":  # an iteration loop (run.steps): as many steps as
+            run.step_limit = SMOKE_MAX_EPOCHS * self.settings.steps  # two short epochs
         self._write()  # the runner learns that the script called prudent.init()
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ OMP_NUM_THREADS); `out` writes the final weights.
 
 import math
 import random
+import time
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ run = prudent.init(name="nanogpt", config={
     "lr": 1e-2, "min_lr_ratio": 0.1, "warmup_iters": 10, "max_iters": 200, "eval_interval": 20,
     "eval_iters": 4, "batch_size": 16, "block_size": 32, "accum": 2, "grad_clip": 1.0,
     "weight_decay": 0.1, "n_layer": 2, "n_head": 2, "n_embd": 32, "seed": 1337, "threads": 0,
-    "out": ""})
+    "sleep_s": 0.0, "out": ""})
 cfg = run.config
 if cfg["threads"]:
     torch.set_num_threads(cfg["threads"])
@@ -136,7 +137,7 @@ opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.95),
 run.attach(model=model, optimizer=opt)
 accum = cfg["accum"]
 with run:
-    for it in range(run.state.step, cfg["max_iters"]):
+    for it in run.steps(cfg["max_iters"]):
         lr = get_lr(it)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -152,6 +153,8 @@ with run:
         opt.step()
         opt.zero_grad(set_to_none=True)
         run.step(loss=step_loss)
+        if cfg["sleep_s"]:
+            time.sleep(cfg["sleep_s"])  # e2e tests: time to kill it mid-run
     run.log(val_loss=estimate_loss())
 if cfg["out"]:
     torch.save(model.state_dict(), cfg["out"])
