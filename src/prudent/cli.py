@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from datetime import datetime, timedelta
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -31,12 +31,12 @@ ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
-    command: Optional[list[str]] = typer.Argument(None, help="The training command, after --."),
-    run_id: Optional[str] = typer.Option(None, "--run-id", help="Continue (or name) this run."),
-    name: Optional[str] = typer.Option(None, "--name", help="A human name for the run."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override a hyperparameter: "
+    command: list[str] | None = typer.Argument(None, help="The training command, after --."),
+    run_id: str | None = typer.Option(None, "--run-id", help="Continue (or name) this run."),
+    name: str | None = typer.Option(None, "--name", help="A human name for the run."),
+    set_: list[str] | None = typer.Option(None, "--set", help="Override a hyperparameter: "
                                              "--set lr=0.01 (YAML value); repeatable."),
-    profile_steps: Optional[str] = typer.Option(
+    profile_steps: str | None = typer.Option(
         None, "--profile-steps", metavar="START:STOP", help="Trace the steps after START "
         "through STOP with torch.profiler, e.g. 100:110; trace and top operators go in the "
         "run's folder."),
@@ -45,21 +45,21 @@ def run(
                                      "newest checkpoint."),
     restart_backoff_s: float = typer.Option(1.0, "--restart-backoff-s", help="First wait before "
                                             "a relaunch; doubles each time, at most 60 s."),
-    instance: Optional[str] = typer.Option(None, "--instance", help="Where it runs, as "
+    instance: str | None = typer.Option(None, "--instance", help="Where it runs, as "
                                            "cloud:instance (see `prudent catalog`), for its cost."),
-    spot: Optional[bool] = typer.Option(None, "--spot/--on-demand", help="Billed at the spot price."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="Machines in the job (price x nodes)."),
-    budget_usd: Optional[str] = typer.Option(None, "--budget-usd", help="Stop with a checkpoint "
+    spot: bool | None = typer.Option(None, "--spot/--on-demand", help="Billed at the spot price."),
+    nodes: int | None = typer.Option(None, "--nodes", help="Machines in the job (price x nodes)."),
+    budget_usd: str | None = typer.Option(None, "--budget-usd", help="Stop with a checkpoint "
                                              "before the run's cost over all attempts passes this "
                                              "(40 or '$40'); exit 4, resumable once raised."),
-    max_hours: Optional[str] = typer.Option(None, "--max-hours", help="Stop with a checkpoint "
+    max_hours: str | None = typer.Option(None, "--max-hours", help="Stop with a checkpoint "
                                             "before the run's wall time passes this (12, '90min')."),
-    policy: Optional[str] = typer.Option(None, "--policy", help="Policy file (replaces the "
+    policy: str | None = typer.Option(None, "--policy", help="Policy file (replaces the "
                                          "policy: section); a job that breaks it exits 6."),
     debug: bool = typer.Option(False, "--debug", help="Debug mode: every event logged, anomaly "
                                "detection, deterministic algorithms, a capture on every rule "
                                f"firing (slow; {setting_var('debug', 'enabled')}=1)."),
-    config: Optional[str] = ConfigOption,
+    config: str | None = ConfigOption,
 ) -> None:
     """Supervise a training script: record it, pass --set overrides, forward signals, relaunch."""
     from prudent.profile import parse_step_window
@@ -85,7 +85,7 @@ def run(
 def runs(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many of the newest runs."),
-    config: Optional[str] = ConfigOption,
+    config: str | None = ConfigOption,
 ) -> None:
     """List runs, newest first."""
     store = _open_store(config)
@@ -108,7 +108,7 @@ def runs(
 def show(
     run_ref: str = typer.Argument(..., metavar="RUN", help="Run id, a unique prefix, or 'latest'."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    config: Optional[str] = ConfigOption,
+    config: str | None = ConfigOption,
 ) -> None:
     """Everything about one run: status, config, last metrics, events."""
     store = _open_store(config)
@@ -128,7 +128,7 @@ def show(
 def profile(
     run_ref: str = typer.Argument(..., metavar="RUN", help="Run id, a unique prefix, or 'latest'."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    config: Optional[str] = ConfigOption,
+    config: str | None = ConfigOption,
 ) -> None:
     """Where a run's time went (data, compute, checkpoint, eval), and what to change."""
     from prudent.profile.summary import print_profile
