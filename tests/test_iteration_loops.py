@@ -12,18 +12,7 @@ import torch
 import prudent
 from prudent.config import ProjectSettings
 from prudent.events import Component
-from prudent.testing import make_settings
-
-
-class StopAt(Component):
-    name = "stop_at"
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, ctx: Any, metrics: Any) -> None:
-        if ctx.state.step == self.step:
-            ctx.request_stop("preempted", "test")
+from prudent.testing import StopAtStep, make_settings
 
 
 class BackwardLog(Component):
@@ -82,7 +71,7 @@ def _draws(home: Path, run_id: str, monkeypatch: pytest.MonkeyPatch, loop: str,
     run = prudent.init(name="draws", settings=settings, exit_on_stop=False,
                        components=None)
     if stop_at is not None:
-        run.context.add_component(StopAt(stop_at))
+        run.context.add_component(StopAtStep(stop_at))
     torch.manual_seed(0)  # the script seeds itself at every start
     weight = torch.nn.Parameter(torch.ones(3))
     opt = torch.optim.SGD([weight], lr=0.1)

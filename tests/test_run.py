@@ -16,7 +16,7 @@ from prudent.config import ProjectSettings
 from prudent.events import Component, Event
 from prudent.recorder import MetricsRecorder
 from prudent.store import Store
-from prudent.testing import tiny_loader, tiny_model
+from prudent.testing import StopAtStep, tiny_loader, tiny_model
 
 
 class EventLog(Component):
@@ -53,17 +53,6 @@ class EventLog(Component):
 
     def on_end(self, run: Any, status: str, stop_reason: str | None) -> None:
         self.seen.append(f"end:{status}")
-
-
-class StopAt(Component):
-    name = "stop_at"
-
-    def __init__(self, step: int, reason: str = "rule:test") -> None:
-        self.step, self.reason = step, reason
-
-    def on_step_end(self, run: Any, metrics: Any) -> None:
-        if run.state.step == self.step:
-            run.request_stop(self.reason, f"stopping at step {self.step}")
 
 
 def train(run: prudent.Run, epochs: int = 2, loader: Any = None) -> None:
@@ -103,7 +92,7 @@ def test_events_fire_in_loop_order(settings: ProjectSettings) -> None:
 
 
 def test_component_is_only_called_for_events_it_overrides(settings: ProjectSettings) -> None:
-    run = prudent.init(name="dispatch", settings=settings, exit_on_stop=False, components=[StopAt(99)])
+    run = prudent.init(name="dispatch", settings=settings, exit_on_stop=False, components=[StopAtStep(99, "rule:test")])
     assert run.context.handlers[Event.STEP_END] and not run.context.handlers[Event.LOG]
     run.context.finish("completed")
 
@@ -141,7 +130,7 @@ def test_host_scalar_reads_a_cpu_loss_once_for_every_component_that_asks(
 def test_stop_request_unwinds_to_with_block_without_exiting(settings: ProjectSettings) -> None:
     log = EventLog()
     run = prudent.init(name="stop", settings=settings, exit_on_stop=False,
-                       components=[log, StopAt(3, "budget")])
+                       components=[log, StopAtStep(3, "budget")])
     train(run)
     assert (run.status, run.stop_reason, run.state.step) == ("stopped", "budget", 3)
     assert log.seen.count("stop_requested:budget") == 1 and log.seen[-1] == "end:stopped"
@@ -155,7 +144,7 @@ def test_stop_request_unwinds_to_with_block_without_exiting(settings: ProjectSet
                                               ("pruned", 5), ("policy", 6), ("preempted", 75)])
 def test_stop_exits_process_with_documented_code(settings: ProjectSettings, reason: str,
                                                  code: int) -> None:
-    run = prudent.init(name="exit", settings=settings, components=[StopAt(2, reason)])
+    run = prudent.init(name="exit", settings=settings, components=[StopAtStep(2, reason)])
     with pytest.raises(SystemExit) as exited:
         train(run)
     assert exited.value.code == code

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from prudent.config import ProjectSettings
+from prudent.events import Component
 
-__all__ = ["FakeClock", "local_http_server", "make_settings", "tiny_loader", "tiny_model"]
+__all__ = ["FakeClock", "StopAtStep", "local_http_server", "make_settings", "tiny_loader",
+           "tiny_model"]
 
 
 def make_settings(home: str | Path, **sections: dict[str, Any]) -> ProjectSettings:
@@ -73,3 +75,17 @@ def local_http_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+class StopAtStep(Component):
+    """Asks the run to stop once ``step`` steps are done, with ``reason`` (a stop_reason
+    string): a preemption, a rule or a budget at a step the test chooses."""
+
+    name = "stop_at_step"
+
+    def __init__(self, step: int, reason: str = "preempted") -> None:
+        self.step, self.reason = step, reason
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        if ctx.state.step == self.step:
+            ctx.request_stop(self.reason, f"stopping at step {self.step}")

@@ -12,20 +12,8 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import prudent
 from prudent.config import ProjectSettings
-from prudent.events import Component
 from prudent.store import Store
-from prudent.testing import make_settings
-
-
-class StopAt(Component):
-    name = "stop_at"
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, run: Any, metrics: Any) -> None:
-        if run.state.step == self.step:
-            run.request_stop("preempted", "test")
+from prudent.testing import StopAtStep, make_settings
 
 
 class Stream(IterableDataset):  # type: ignore[type-arg]
@@ -51,7 +39,7 @@ def train(settings: ProjectSettings, kind: str, stop_at: int | None = None) -> d
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
-    extra = [StopAt(stop_at)] if stop_at else []
+    extra = [StopAtStep(stop_at)] if stop_at else []
     run = prudent.init(name="r", settings=settings, exit_on_stop=False)
     for component in extra:
         run.context.add_component(component)

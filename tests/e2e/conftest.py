@@ -4,9 +4,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -42,3 +44,15 @@ def project(tmp_path: Path) -> Project:
 
 def script(name: str) -> str:
     return str(SCRIPTS / name)
+
+
+def child_of(supervisor: subprocess.Popen[str], previous: int | None,
+             timeout: float = 60) -> psutil.Process:
+    """The training process ``prudent run`` launched (a new one, not ``previous``)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = [p for p in psutil.Process(supervisor.pid).children() if p.pid != previous]
+        if kids:
+            return kids[0]
+        time.sleep(0.02)
+    raise AssertionError("prudent run did not relaunch the training process")

@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import torch
 
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, child_of, script
 
 NANOGPT = script("nanogpt.py")
 # enqueued so that the order is known: the best first, then three the pruner should stop
@@ -79,16 +78,6 @@ def test_a_tuned_nanogpt_reports_every_evaluation_at_its_step_and_the_pruner_pru
         assert run["config"]["max_iters"] == 300 and run["config"]["eval_interval"] == 20
 
 
-def _child(supervisor: subprocess.Popen[str], previous: int | None) -> psutil.Process:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        kids = [p for p in psutil.Process(supervisor.pid).children() if p.pid != previous]
-        if kids:
-            return kids[0]
-        time.sleep(0.02)
-    raise AssertionError("prudent run did not relaunch the training process")
-
-
 def _checkpoints(folder: Path) -> set[str]:
     return {p.name for p in folder.glob("ckpt-*")} if folder.is_dir() else set()
 
@@ -113,7 +102,7 @@ def test_a_nanogpt_killed_twice_ends_with_the_weights_of_an_uninterrupted_run(
         cwd=project.path, env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rng, child = random.Random(3), None
     for _ in range(2):
-        child = _child(supervisor, child.pid if child else None)
+        child = child_of(supervisor, child.pid if child else None)
         seen = _checkpoints(checkpoints)
         deadline = time.monotonic() + 60
         while len(_checkpoints(checkpoints) - seen) < rng.randint(1, 2):  # mid-run, after a save

@@ -14,7 +14,7 @@ import psutil
 import pytest
 import torch
 
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, child_of, script
 
 EVERY = 5  # checkpoint interval, steps
 
@@ -45,16 +45,6 @@ def attempts(log: Path) -> list[list[int]]:
         pid, step = line.split()
         by_pid.setdefault(pid, []).append(int(step))
     return list(by_pid.values())
-
-
-def child_of(supervisor: subprocess.Popen[str], previous: int | None, timeout: float = 60) -> psutil.Process:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        kids = [p for p in psutil.Process(supervisor.pid).children() if p.pid != previous]
-        if kids:
-            return kids[0]
-        time.sleep(0.02)
-    raise AssertionError("prudent run did not relaunch the training process")
 
 
 def wait_for_step(log: Path, pid: int, min_steps: int, timeout: float = 60) -> None:
