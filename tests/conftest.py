@@ -13,6 +13,7 @@ import pytest
 
 from prudent.config import ProjectSettings
 from prudent.testing import make_settings
+from tests.postgres import pg_url, postgres  # noqa: F401 - fixtures for every test folder
 
 # Threads meant to live as long as the test session: fsspec's shared IO loop, and servers
 # started by session fixtures (which register theirs here).

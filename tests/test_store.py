@@ -1,43 +1,113 @@
+"""The run store's contract, run against every backend: SQLite and a real PostgreSQL."""
+
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 import torch
+from sqlalchemy.exc import DataError, OperationalError
 
-from prudent.errors import StoreError
-from prudent.store import SCHEMA_VERSION, Store, StoreWriter, schema_info, to_floats
+from prudent.errors import ConfigError, StoreError
+from prudent.store import (
+    SCHEMA_VERSION,
+    Store,
+    StoreWriter,
+    database_url,
+    mask_url,
+    schema_info,
+    to_floats,
+)
+from tests.postgres import PostgresServer
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'prudent.db'}"
+    return str(request.getfixturevalue("pg_url"))
 
 
 @pytest.fixture
-def store(tmp_path: Path):  # type: ignore[no-untyped-def]
-    store = Store(f"sqlite:///{tmp_path / 'prudent.db'}")
+def store(store_url: str) -> Iterator[Store]:
+    store = Store(store_url)
     yield store
     store.close()
 
 
+def _event(name: str = "n", **fields: Any) -> dict[str, Any]:
+    return {"run_id": "r1", "step": 2, "kind": "k", "name": name, "message": "m",
+            "payload": "{}", "wall": 0.0, **fields}
+
+
 def test_new_database_is_migrated_to_current_schema(store: Store) -> None:
-    assert store.schema_version() == SCHEMA_VERSION == 1
-    with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    assert store.schema_version() == SCHEMA_VERSION == 2
+    if store.engine.dialect.name == "sqlite":
+        with store.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
-def test_reopening_keeps_data_and_version(store: Store, tmp_path: Path) -> None:
+def test_reopening_keeps_data_and_version(store: Store, store_url: str) -> None:
     store.create_run("r1", "one", config={"lr": 0.1})
-    again = Store(store.url)
+    again = Store(store_url)
     record = again.get_run("r1")
     assert record is not None and record["config"] == {"lr": 0.1}
-    assert again.schema_version() == 1
+    assert again.schema_version() == SCHEMA_VERSION
     again.close()
 
 
-def test_newer_schema_is_refused_with_upgrade_hint(store: Store) -> None:
+def test_newer_schema_is_refused_with_upgrade_hint(store: Store, store_url: str) -> None:
     with store.engine.begin() as conn:
         conn.execute(schema_info.update().values(version=SCHEMA_VERSION + 1))
     with pytest.raises(StoreError, match="upgrade prudent"):
-        Store(store.url)
+        Store(store_url)
+
+
+def test_version_1_database_is_migrated_keeping_its_rows(store: Store, store_url: str) -> None:
+    """Version 1 declared VARCHAR(128) names, which PostgreSQL enforces; version 2 widens them."""
+    if store.engine.dialect.name == "postgresql":
+        with store.engine.begin() as conn:
+            for table, column, size in [("runs", "name", 256), ("runs", "host", 256),
+                                        ("runs", "stop_reason", 128), ("metrics", "name", 128),
+                                        ("events", "kind", 32), ("events", "name", 128)]:
+                conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN {column} "
+                                     f"TYPE VARCHAR({size})")
+    with store.engine.begin() as conn:
+        conn.execute(schema_info.update().values(version=1))
+    store.create_run("old", "kept")
+    migrated = Store(store_url)
+    assert migrated.schema_version() == SCHEMA_VERSION
+    long_name = "train/" + "x" * 300
+    migrated.add_metrics([{"run_id": "old", "step": 1, "name": long_name, "value": 1.0,
+                           "wall": 0.0}])
+    assert migrated.last_metrics("old") == {long_name: 1.0}
+    assert (migrated.get_run("old") or {})["name"] == "kept"
+    migrated.close()
+
+
+def test_stores_opened_at_once_migrate_once(store_url: str) -> None:
+    opened: list[Store] = []
+    errors: list[BaseException] = []
+
+    def open_store() -> None:
+        try:
+            opened.append(Store(store_url))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and [s.schema_version() for s in opened] == [SCHEMA_VERSION] * 4
+    for s in opened:
+        s.close()
 
 
 def test_run_lifecycle_fields(store: Store) -> None:
@@ -48,7 +118,15 @@ def test_run_lifecycle_fields(store: Store) -> None:
     assert record is not None
     assert (record["status"], record["stop_reason"], record["restarts"]) == ("running", None, 1)
     assert store.find_run_ids("r") == ["r1"] and store.find_run_ids("x") == []
+    assert store.find_run_ids("r%") == []  # LIKE wildcards in a prefix are plain characters
     assert [r["id"] for r in store.list_runs()] == ["r1"]
+
+
+def test_creating_a_run_another_machine_created_counts_an_attempt(store: Store) -> None:
+    store.create_run("r1", "one", host="machine-a")
+    store.create_run("r1", "one", host="machine-b")
+    record = store.get_run("r1")
+    assert record is not None and (record["restarts"], record["host"]) == (1, "machine-b")
 
 
 def test_writer_batches_rows_and_flush_commits_them(store: Store) -> None:
@@ -56,8 +134,7 @@ def test_writer_batches_rows_and_flush_commits_them(store: Store) -> None:
     writer = StoreWriter(store, flush_interval_s=60)  # only flush() commits
     writer.put_metrics("r1", [(1, 0.0, {"loss": torch.tensor(2.0), "lr": 0.1}),
                               (2, 0.0, {"loss": torch.tensor(1.0)})])
-    writer.put_event({"run_id": "r1", "step": 2, "kind": "k", "name": "n", "message": "m",
-                      "payload": "{}", "wall": 0.0})
+    writer.put_event(_event())
     writer.flush()
     assert store.metric_series("r1", "loss") == [(1, 2.0), (2, 1.0)]
     assert store.last_metrics("r1") == {"loss": 1.0, "lr": 0.1}
@@ -88,16 +165,131 @@ def test_threads_writing_at_once_lose_no_rows(store: Store) -> None:
     assert store.count_metrics() == 4000
 
 
+def test_metrics_table_has_the_documented_columns(store: Store) -> None:
+    columns = {c["name"] for c in sa.inspect(store.engine).get_columns("metrics")}
+    assert {"run_id", "step", "name", "value", "wall"} <= columns
+
+
+def test_passwords_are_masked_in_records(store: Store) -> None:
+    secret = "postgresql://alice:hunter2@db.example:5432/runs"
+    store.create_run("r1", "one", config={"store": {"url": secret}})
+    store.update_run("r1", config={"store": {"url": secret}, "urls": [secret]})
+    store.add_events([_event(message=f"opened {secret}", payload=f'{{"url": "{secret}"}}')])
+    text = repr(store.get_run("r1")) + repr(store.events("r1"))
+    assert "hunter2" not in text and "alice:***@db.example" in text
+
+
+# Without a database -------------------------------------------------------------------------
+
 def test_to_floats_handles_numbers_tensors_and_none() -> None:
     values = [1, 2.5, None, torch.tensor(3.0), torch.tensor([4.0]), torch.tensor(5, dtype=torch.int64)]
     assert to_floats(values) == [1.0, 2.5, None, 3.0, 4.0, 5.0]
 
 
 def test_unopenable_store_is_a_store_error(tmp_path: Path) -> None:
-    with pytest.raises(StoreError, match="cannot open the run store"):
+    with pytest.raises(StoreError, match="cannot open the run store .*PRUDENT_HOME"):
         Store(f"sqlite:///{tmp_path / 'missing-dir' / 'x.db'}")
 
 
-def test_metrics_table_has_the_documented_columns(store: Store) -> None:
-    columns = {c["name"] for c in sa.inspect(store.engine).get_columns("metrics")}
-    assert {"run_id", "step", "name", "value", "wall"} <= columns
+def test_unreachable_server_is_one_line_naming_the_url_without_its_password() -> None:
+    pytest.importorskip("psycopg")
+    with pytest.raises(StoreError) as raised:
+        Store("postgresql://alice:hunter2@127.0.0.1:1/runs")
+    message = str(raised.value)
+    assert "\n" not in message and "hunter2" not in message
+    assert "postgresql://alice:***@127.0.0.1:1/runs:" in message
+    assert "PRUDENT_STORE_URL" in message
+
+
+def test_plain_postgresql_urls_use_psycopg_3() -> None:
+    pytest.importorskip("psycopg")
+    assert database_url("postgresql://u:p@h/db") == "postgresql+psycopg://u:p@h/db"
+    assert database_url("postgres://u@h/db") == "postgresql+psycopg://u@h/db"
+    assert database_url("sqlite:///x.db") == "sqlite:///x.db"
+    with pytest.raises(ConfigError, match="not a database URL"):
+        database_url("nonsense")
+
+
+def test_mask_url_hides_only_the_password() -> None:
+    assert mask_url("at postgresql+psycopg://bob:s3cr@t@h:5/d ok") == \
+        "at postgresql+psycopg://bob:***@h:5/d ok"
+    assert mask_url("sqlite:////tmp/x.db and http://h:80/p") == "sqlite:////tmp/x.db and http://h:80/p"
+
+
+class FlakyStore:
+    """A store whose database is away for the first ``down`` writes."""
+
+    url = "postgresql+psycopg://u:***@db/runs"
+
+    def __init__(self, down: int, refuse: bool = False) -> None:
+        self.down, self.refuse = down, refuse
+        self.metrics: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+
+    def add_records(self, metric_rows: list[dict[str, Any]],
+                    event_rows: list[dict[str, Any]]) -> None:
+        if self.down > 0:
+            self.down -= 1
+            error = DataError if self.refuse else OperationalError
+            raise error("INSERT", {}, Exception("server closed the connection unexpectedly"))
+        self.metrics += metric_rows
+        self.events += event_rows
+
+
+def _log_steps(writer: StoreWriter, first: int, last: int) -> None:
+    for step in range(first, last):
+        writer.put_metrics("r1", [(step, 0.0, {"loss": float(step)})])
+        writer.flush()  # one commit attempt per step
+
+
+def test_writer_keeps_rows_while_the_database_is_away(caplog: pytest.LogCaptureFixture) -> None:
+    store = FlakyStore(down=5)
+    writer = StoreWriter(store, flush_interval_s=0.05)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, "prudent.store"):
+        _log_steps(writer, 0, 10)
+        writer.close()
+    assert [r["step"] for r in store.metrics] == list(range(10)) and writer.num_dropped == 0
+    assert "answers again after" in caplog.text and "6 waiting rows written, 0 dropped" in caplog.text
+
+
+def test_writer_past_its_bound_drops_the_oldest_and_says_how_many(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = FlakyStore(down=10)
+    writer = StoreWriter(store, flush_interval_s=0.05, max_buffered_rows=4)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, "prudent.store"):
+        _log_steps(writer, 0, 10)
+        writer.put_event(_event())
+        writer.close()
+    assert [r["step"] for r in store.metrics] == [7, 8, 9] and len(store.events) == 1
+    assert writer.num_dropped == 7 and "waiting rows written, 7 dropped" in caplog.text
+
+
+def test_writer_drops_a_refused_batch_and_goes_on() -> None:
+    store = FlakyStore(down=1, refuse=True)
+    writer = StoreWriter(store, flush_interval_s=0.05)  # type: ignore[arg-type]
+    _log_steps(writer, 0, 3)
+    writer.close()
+    assert [r["step"] for r in store.metrics] == [1, 2]
+    assert (writer.num_dropped, writer.num_errors) == (1, 1)
+
+
+def test_writer_gives_up_at_close_and_counts_what_it_could_not_write(
+        caplog: pytest.LogCaptureFixture) -> None:
+    store = FlakyStore(down=10**6)
+    writer = StoreWriter(store, flush_interval_s=0.05)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, "prudent.store"):
+        _log_steps(writer, 0, 3)
+        writer.close(timeout_s=1.5)
+    assert writer.num_dropped == 3 and not store.metrics
+    assert "dropped 3 metric rows and 0 events" in caplog.text
+
+
+def test_server_restart_is_survived_by_an_open_store(postgres: PostgresServer,
+                                                     pg_url: str) -> None:
+    store = Store(pg_url)
+    store.create_run("r1", "one")
+    postgres.stop()
+    postgres.start()
+    store.update_run("r1", status="completed")  # the pool's dead connections are replaced
+    assert (store.get_run("r1") or {})["status"] == "completed"
+    store.close()

@@ -1,18 +1,22 @@
 """The run store: runs, metrics and events, in SQLite by default (any SQLAlchemy URL works).
 
 Why SQLAlchemy Core: one process per machine is served by an embedded SQLite file in WAL
-mode; several machines point ``store.url`` at PostgreSQL, with no change elsewhere.
-Training never waits on the database: rows go through :class:`StoreWriter`, a background
-thread that commits in batches, so a crash loses at most ``flush_interval_s`` of metrics.
+mode; several machines point ``store.url`` at PostgreSQL (``prudent[postgres]``), with no
+change elsewhere. Training never waits on the database: rows go through :class:`StoreWriter`,
+a background thread that commits in batches, so a crash loses at most ``flush_interval_s``
+of metrics, and a database that goes away only makes it buffer until it is back.
+Passwords in URLs are masked wherever prudent shows or records a URL (:func:`mask_url`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import queue
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -21,16 +25,22 @@ from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+)
 
 from prudent.errors import ConfigError, StoreError
 
-__all__ = ["SCHEMA_VERSION", "NullWriter", "Store", "StoreSettings", "StoreWriter",
+__all__ = ["SCHEMA_VERSION", "NullWriter", "Store", "StoreSettings", "StoreWriter", "mask_url",
            "resolve_run"]
 
 log = logging.getLogger("prudent.store")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RUN_STATUSES = ("running", "completed", "stopped", "failed")
 
 
@@ -42,7 +52,8 @@ class StoreSettings(BaseModel):
     home: str = Field(".prudent", description="Folder for the database, checkpoints and reports "
                       "(PRUDENT_HOME overrides it).")
     url: str | None = Field(None, description="SQLAlchemy database URL; default: SQLite at "
-                            "<home>/prudent.db. Use postgresql://... to share across machines.")
+                            "<home>/prudent.db. Use postgresql://user:password@host/db to share a "
+                            "store across machines (pip install 'prudent[postgres]').")
     flush_interval_s: float = Field(0.5, gt=0, le=5, description="How often buffered metrics "
                                     "are committed: the most a crash can lose.")
 
@@ -60,11 +71,11 @@ schema_info = sa.Table(
 runs = sa.Table(
     "runs", metadata,
     sa.Column("id", sa.String(128), primary_key=True),
-    sa.Column("name", sa.String(256), nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
     sa.Column("status", sa.String(16), nullable=False),
-    sa.Column("stop_reason", sa.String(128)),
+    sa.Column("stop_reason", sa.Text),
     sa.Column("config", sa.Text, nullable=False, default="{}"),
-    sa.Column("host", sa.String(256)),
+    sa.Column("host", sa.Text),
     sa.Column("pid", sa.Integer),
     sa.Column("command", sa.Text),
     sa.Column("started_at", sa.Float, nullable=False),
@@ -80,7 +91,7 @@ metrics = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("run_id", sa.String(128), nullable=False, index=True),
     sa.Column("step", sa.Integer, nullable=False),
-    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
     sa.Column("value", sa.Float),
     sa.Column("wall", sa.Float, nullable=False),
 )
@@ -89,44 +100,114 @@ events = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
     sa.Column("run_id", sa.String(128), nullable=False, index=True),
     sa.Column("step", sa.Integer, nullable=False),
-    sa.Column("kind", sa.String(32), nullable=False),
-    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("name", sa.Text, nullable=False),
     sa.Column("message", sa.Text, nullable=False, default=""),
     sa.Column("payload", sa.Text, nullable=False, default="{}"),
     sa.Column("wall", sa.Float, nullable=False),
 )
 
+# Free-text columns that version 1 declared VARCHAR(n): PostgreSQL enforces the length, so
+# one long metric name would have failed a whole batch. SQLite never enforced it.
+_WIDENED = {"runs": ("name", "stop_reason", "host"), "metrics": ("name",),
+            "events": ("kind", "name")}
+
+
+def _widen_text_columns(conn: sa.Connection) -> None:
+    if conn.dialect.name != "postgresql":
+        return
+    for table, columns in _WIDENED.items():
+        for column in columns:
+            conn.exec_driver_sql(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE TEXT")
+
+
 # version -> function that brings a database at version-1 up to it. Version 1 creates all.
 MIGRATIONS: dict[int, Callable[[sa.Connection], None]] = {
     1: lambda conn: metadata.create_all(conn),
+    2: _widen_text_columns,
 }
+_MIGRATION_LOCK = 0x70727564  # PostgreSQL advisory lock: one process migrates at a time
 
 T = TypeVar("T")
 
 
 def _retry(fn: Callable[[], T], attempts: int = 40) -> T:
-    """SQLite says 'database is locked' under contention; wait and try again."""
+    """SQLite says 'database is locked' under contention, and a pooled PostgreSQL connection
+    dies with its server: wait and try again (a dead connection twice, on a fresh one)."""
     for attempt in range(attempts):
         try:
             return fn()
-        except OperationalError as exc:
-            if "locked" not in str(exc) and "busy" not in str(exc) or attempt == attempts - 1:
+        except DBAPIError as exc:
+            locked = "locked" in str(exc) or "busy" in str(exc)
+            if not (locked or exc.connection_invalidated and attempt < 2) \
+                    or attempt == attempts - 1:
                 raise
             time.sleep(min(0.5, 0.01 * 2 ** attempt) * (0.5 + random.random()))
     raise AssertionError("unreachable")
+
+
+_PASSWORD_IN_URL = re.compile(r"(\b[a-zA-Z][\w+.-]*://[^:/@\s'\"]*:)[^/\s'\"]+@")
+
+
+def mask_url(text: str) -> str:
+    """Any ``scheme://user:password@`` in ``text`` with the password as ``***``."""
+    return _PASSWORD_IN_URL.sub(r"\1***@", text)
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_url(value)
+    if isinstance(value, dict):
+        return {k: _masked(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_masked(v) for v in value]
+    return value
+
+
+def database_url(url: str) -> str:
+    """The SQLAlchemy URL to connect with: ``postgresql://`` and ``postgres://`` use psycopg 3
+    unless psycopg2 is installed (SQLAlchemy's default), and a missing driver names the extra."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except ArgumentError:
+        raise ConfigError(f"store.url {mask_url(url)!r} is not a database URL: use e.g. "
+                          "postgresql://user:password@host:5432/prudent") from None
+    if parsed.drivername in ("postgresql", "postgres"):
+        driver = "psycopg2" if importlib.util.find_spec("psycopg2") else "psycopg"
+        parsed = parsed.set(drivername=f"postgresql+{driver}")
+    if parsed.drivername == "postgresql+psycopg" and importlib.util.find_spec("psycopg") is None:
+        raise ConfigError(f"store.url {mask_url(url)!r} needs the PostgreSQL driver: "
+                          "pip install 'prudent[postgres]'")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _reason(exc: BaseException) -> str:
+    """The driver's own first line, without SQLAlchemy's statement and help link."""
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return mask_url(text[0] if text else type(exc).__name__)
 
 
 class Store:
     """Typed access to the run store. Thread-safe; short transactions only."""
 
     def __init__(self, url: str) -> None:
-        self.url = url
-        self.engine = self._create_engine(url)
+        self.url = mask_url(url)  # for messages; the password stays in the engine only
+        self.engine = self._create_engine(database_url(url))
         self._writer_engine = self.engine.execution_options(prudent_write=True)
         try:
             _retry(self._migrate)
         except (DBAPIError, OSError) as exc:
-            raise StoreError(f"cannot open the run store {url!r}: {exc}") from None
+            self.engine.dispose()
+            raise StoreError(self._unreachable(exc)) from None
+        except BaseException:
+            self.engine.dispose()
+            raise
+
+    def _unreachable(self, exc: BaseException) -> str:
+        fix = ("check that the server is up and reachable from this machine, or point "
+               "store.url / PRUDENT_STORE_URL elsewhere" if self.engine.dialect.name != "sqlite"
+               else "check that the folder exists and is writable (store.home / PRUDENT_HOME)")
+        return f"cannot open the run store {self.url}: {_reason(exc)}; {fix}"
 
     @classmethod
     def open(cls, settings: StoreSettings) -> Store:
@@ -137,7 +218,10 @@ class Store:
     @staticmethod
     def _create_engine(url: str) -> sa.Engine:
         if not url.startswith("sqlite"):
-            return sa.create_engine(url, pool_pre_ping=True)
+            # A server that does not answer fails fast instead of hanging the first open.
+            timeout = {} if "connect_timeout" in url or not url.startswith("postgresql") \
+                else {"connect_timeout": 10}
+            return sa.create_engine(url, pool_pre_ping=True, connect_args=timeout)
         engine = sa.create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
 
         @sa.event.listens_for(engine, "connect")
@@ -160,10 +244,13 @@ class Store:
 
     def _migrate(self) -> None:
         with self._writer_engine.begin() as conn:
+            if conn.dialect.name == "postgresql":  # DDL from two machines at once would clash
+                conn.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"),
+                             {"key": _MIGRATION_LOCK})
             current = self._version(conn)
             if current > SCHEMA_VERSION:
                 raise StoreError(
-                    f"the run store {self.url!r} has schema version {current}, newer than this "
+                    f"the run store {self.url} has schema version {current}, newer than this "
                     f"prudent understands ({SCHEMA_VERSION}): upgrade prudent"
                 )
             for version in range(current + 1, SCHEMA_VERSION + 1):
@@ -187,14 +274,21 @@ class Store:
 
     # runs ---------------------------------------------------------------------------------
     def create_run(self, run_id: str, name: str, **fields: Any) -> None:
+        """A new run; if another machine created ``run_id`` first, this is its next attempt."""
         values = {"id": run_id, "name": name, "status": "running", "started_at": time.time(),
                   "restarts": 0, "cost_usd": 0.0, **fields}
-        values["config"] = json.dumps(values.get("config") or {}, default=str)
-        _retry(lambda: self._execute(runs.insert().values(**values)))
+        values["config"] = json.dumps(_masked(values.get("config") or {}), default=str)
+        try:
+            _retry(lambda: self._execute(runs.insert().values(**values)))
+        except IntegrityError:
+            if self.get_run(run_id) is None:
+                raise
+            self.count_restart(run_id)
+            self.update_run(run_id, **{k: v for k, v in fields.items() if k != "config"})
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         if "config" in fields:
-            fields["config"] = json.dumps(fields["config"], default=str)
+            fields["config"] = json.dumps(_masked(fields["config"]), default=str)
         stmt = runs.update().where(runs.c.id == run_id).values(**fields)
         _retry(lambda: self._execute(stmt))
 
@@ -226,7 +320,20 @@ class Store:
 
     def add_events(self, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
-            _retry(lambda: self._execute(events.insert(), list(rows)))
+            _retry(lambda: self._execute(events.insert(), [_masked_event(r) for r in rows]))
+
+    def add_records(self, metric_rows: Sequence[dict[str, Any]],
+                    event_rows: Sequence[dict[str, Any]]) -> None:
+        """Metrics and events in one transaction: a failed batch can be retried whole."""
+        def write() -> None:
+            with self._writer_engine.begin() as conn:
+                if metric_rows:
+                    conn.execute(metrics.insert(), list(metric_rows))
+                if event_rows:
+                    conn.execute(events.insert(), [_masked_event(r) for r in event_rows])
+
+        if metric_rows or event_rows:
+            _retry(write)
 
     def last_metrics(self, run_id: str) -> dict[str, float | None]:
         newest = (sa.select(metrics.c.name, sa.func.max(metrics.c.id).label("id"))
@@ -279,6 +386,11 @@ def resolve_run(store: Store, ref: str) -> str:
                       "give more of the id")
 
 
+def _masked_event(row: dict[str, Any]) -> dict[str, Any]:
+    return {**row, "message": mask_url(row.get("message", "")),
+            "payload": mask_url(row.get("payload", "{}"))}
+
+
 def _run_dict(row: Any) -> dict[str, Any]:
     run = dict(row)
     run["config"] = json.loads(run["config"] or "{}")
@@ -290,14 +402,23 @@ class StoreWriter:
 
     ``put_metrics`` takes values that may still be tensors (on any device): they are turned
     into floats here, off the training thread, one stacked transfer per device per batch.
-    Errors never reach the training loop; they are counted and logged once.
+    Errors never reach the training loop. While the database cannot be reached (a PostgreSQL
+    server restarting, a network cut) the rows are kept, at most ``max_buffered_rows``, and
+    written when it answers again; past that bound the oldest metric rows are dropped, counted
+    in ``num_dropped`` and the log says exactly how many. A batch the database refuses for
+    its content is dropped and counted the same way, so it cannot block the rows behind it.
     """
 
-    def __init__(self, store: Store, flush_interval_s: float = 0.5) -> None:
+    def __init__(self, store: Store, flush_interval_s: float = 0.5,
+                 max_buffered_rows: int = 200_000) -> None:
         self.store = store
         self.flush_interval_s = flush_interval_s
+        self.max_buffered_rows = max_buffered_rows
         self.latest: dict[str, float] = {}
         self.num_errors = 0
+        self.num_dropped = 0
+        self._outage_since: float | None = None
+        self._dropped_in_outage = 0
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
@@ -314,48 +435,53 @@ class StoreWriter:
         self._queue.put(("event", row))
 
     def flush(self, timeout_s: float = 30.0) -> None:
-        """Block until everything queued so far is committed."""
+        """Block until everything queued so far is committed, or one try failed."""
         done = threading.Event()
         self._queue.put(("flush", done))
         done.wait(timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is left; an unreachable store is retried until ``timeout_s``."""
         if self._thread.is_alive():
-            self._queue.put(("stop",))
+            self._queue.put(("stop", time.monotonic() + max(0.0, timeout_s - 1.0)))
             self._thread.join(timeout_s)
 
     def _loop(self) -> None:
-        pending_metrics: list[dict[str, Any]] = []
-        pending_events: list[dict[str, Any]] = []
+        rows: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
         deadline = time.monotonic() + self.flush_interval_s
-        stop = False
-        while not stop:
+        stop_by: float | None = None
+        while stop_by is None or (rows[0] or rows[1]) and time.monotonic() < stop_by:
             waiters: list[threading.Event] = []
             try:
                 item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                stop = self._take(item, pending_metrics, pending_events, waiters)
+                stop_by = self._take(item, rows, waiters) or stop_by
                 while True:  # drain whatever else is already queued
-                    item = self._queue.get_nowait()
-                    stop = self._take(item, pending_metrics, pending_events, waiters) or stop
+                    stop_by = self._take(self._queue.get_nowait(), rows, waiters) or stop_by
             except queue.Empty:
                 pass
-            if waiters or stop or time.monotonic() >= deadline:
-                self._commit(pending_metrics, pending_events)
-                pending_metrics, pending_events = [], []
+            if waiters or stop_by is not None or time.monotonic() >= deadline:
+                self._commit(*rows)
                 deadline = time.monotonic() + self.flush_interval_s
             for waiter in waiters:
                 waiter.set()
+        if rows[0] or rows[1]:
+            self._drop(rows, len(rows[0]), len(rows[1]), "the run store stayed unreachable "
+                       "until the run ended")
 
-    def _take(self, item: tuple[Any, ...], out_metrics: list[dict[str, Any]],
-              out_events: list[dict[str, Any]], waiters: list[threading.Event]) -> bool:
+    def _take(self, item: tuple[Any, ...], rows: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+              waiters: list[threading.Event]) -> float | None:
         kind = item[0]
         if kind == "metrics":
-            out_metrics.extend(self._metric_rows(item[1], item[2]))
+            rows[0].extend(self._metric_rows(item[1], item[2]))
         elif kind == "event":
-            out_events.append(item[1])
+            rows[1].append(item[1])
         elif kind == "flush":
             waiters.append(item[1])
-        return kind == "stop"
+        excess = len(rows[0]) + len(rows[1]) - self.max_buffered_rows
+        if excess > 0:
+            self._drop(rows, min(excess, len(rows[0])), max(0, excess - len(rows[0])),
+                       f"more than {self.max_buffered_rows} rows waited for the run store")
+        return item[1] if kind == "stop" else None
 
     def _metric_rows(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]]
                      ) -> list[dict[str, Any]]:
@@ -375,15 +501,49 @@ class StoreWriter:
 
     def _commit(self, metric_rows: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> None:
         try:
-            self.store.add_metrics(metric_rows)
-            self.store.add_events(event_rows)
-        except Exception as exc:
+            self.store.add_records(metric_rows, event_rows)
+        except (OperationalError, InterfaceError) as exc:  # unreachable: keep them, try again
+            self._outage(exc)
+            return
+        except Exception as exc:  # refused for what they hold: retrying would block the rest
             self._report(exc)
+            self._drop((metric_rows, event_rows), len(metric_rows), len(event_rows),
+                       "the run store refused the batch")
+        self._recovered(len(metric_rows) + len(event_rows))
+        del metric_rows[:], event_rows[:]
+
+    def _drop(self, rows: tuple[list[dict[str, Any]], list[dict[str, Any]]], num_metrics: int,
+              num_events: int, why: str) -> None:
+        del rows[0][:num_metrics], rows[1][:num_events]
+        first_in_outage = self._outage_since is not None and not self._dropped_in_outage
+        self.num_dropped += num_metrics + num_events
+        self._dropped_in_outage += num_metrics + num_events
+        if self._outage_since is None or first_in_outage or "ended" in why:
+            # during an outage: once here, the exact count when it ends
+            log.warning("prudent dropped %d metric rows and %d events (%d rows in all): %s",
+                        num_metrics, num_events, self.num_dropped, why)
+
+    def _outage(self, exc: BaseException) -> None:
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            self._dropped_in_outage = 0
+            self.num_errors += 1
+            log.warning("prudent cannot write to the run store %s (%s); training goes on and "
+                        "up to %d rows wait until it answers again", self.store.url,
+                        _reason(exc), self.max_buffered_rows)
+
+    def _recovered(self, num_rows: int) -> None:
+        if self._outage_since is not None:
+            log.warning("prudent: the run store %s answers again after %.1f s: %d waiting rows "
+                        "written, %d dropped", self.store.url,
+                        time.monotonic() - self._outage_since, num_rows, self._dropped_in_outage)
+            self._outage_since = None
 
     def _report(self, exc: BaseException) -> None:
         self.num_errors += 1
         if self.num_errors == 1:
-            log.warning("prudent could not write to the run store (%s); training goes on", exc)
+            log.warning("prudent could not write to the run store (%s); training goes on",
+                        _reason(exc))
 
 
 class NullWriter:
