@@ -367,6 +367,16 @@ class Store:
         with self._writer_engine.begin() as conn:
             conn.execute(stmt, params) if params is not None else conn.execute(stmt)
 
+    def delete_run(self, run_id: str) -> None:
+        """Forget a run that never ran (refused before its first step): row, metrics, events."""
+        def delete() -> None:
+            with self._writer_engine.begin() as conn:
+                for table in (metrics, events):
+                    conn.execute(table.delete().where(table.c.run_id == run_id))
+                conn.execute(runs.delete().where(runs.c.id == run_id))
+
+        _retry(delete)
+
 
 def resolve_run(store: Store, ref: str) -> str:
     """An exact id, ``latest``, or a unique id prefix -> the run id."""
