@@ -476,7 +476,7 @@ class StoreWriter:
                 waiter.set()
         if rows[0] or rows[1]:
             self._drop(rows, len(rows[0]), len(rows[1]), "the run store stayed unreachable "
-                       "until the run ended")
+                       "until the run ended", final=True)
 
     def _take(self, item: tuple[Any, ...], rows: tuple[list[dict[str, Any]], list[dict[str, Any]]],
               waiters: list[threading.Event]) -> float | None:
@@ -523,14 +523,14 @@ class StoreWriter:
         del metric_rows[:], event_rows[:]
 
     def _drop(self, rows: tuple[list[dict[str, Any]], list[dict[str, Any]]], num_metrics: int,
-              num_events: int, why: str) -> None:
+              num_events: int, why: str, final: bool = False) -> None:
         del rows[0][:num_metrics], rows[1][:num_events]
         first_in_outage = self._outage_since is not None and not self._dropped_in_outage
         self.num_dropped += num_metrics + num_events
         self._dropped_in_outage += num_metrics + num_events
-        if self._outage_since is None or first_in_outage or "ended" in why:
+        if self._outage_since is None or first_in_outage or final:
             # during an outage: once here, the exact count when it ends
-            log.warning("prudent dropped %d metric rows and %d events (%d rows in all): %s",
+            log.warning("prudent: dropped %d metric rows and %d events (%d rows in all): %s",
                         num_metrics, num_events, self.num_dropped, why)
 
     def _outage(self, exc: BaseException) -> None:
@@ -538,7 +538,7 @@ class StoreWriter:
             self._outage_since = time.monotonic()
             self._dropped_in_outage = 0
             self.num_errors += 1
-            log.warning("prudent cannot write to the run store %s (%s); training goes on and "
+            log.warning("prudent: cannot write to the run store %s (%s); training goes on and "
                         "up to %d rows wait until it answers again", self.store.url,
                         _reason(exc), self.max_buffered_rows)
 
@@ -552,7 +552,7 @@ class StoreWriter:
     def _report(self, exc: BaseException) -> None:
         self.num_errors += 1
         if self.num_errors == 1:
-            log.warning("prudent could not write to the run store (%s); training goes on",
+            log.warning("prudent: could not write to the run store (%s); training goes on",
                         _reason(exc))
 
 
