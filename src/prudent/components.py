@@ -25,6 +25,7 @@ from prudent.monitor.monitor import Monitor
 from prudent.preemption.watcher import PreemptionWatcher
 from prudent.preflight.probe import PreflightProbe
 from prudent.profile.component import Profiler
+from prudent.record.sync import RecordSync
 from prudent.recorder import MetricsRecorder
 from prudent.tune.trial import trial_from_env, under_tuner
 
@@ -72,6 +73,9 @@ DEFAULT_COMPONENTS: list[ComponentFactory] = [
     lambda settings, spec: trial_from_env(),
     # a bundle when a step raises or turns non-finite (before the optimizer step), or a rule asks
     _failure_capture,
+    # the record that travelled with the checkpoints is merged before the meter reads the spend
+    lambda settings, spec: RecordSync(settings.checkpoint) if settings.checkpoint.enabled
+    else None,
     # on by default: $0 until an instance is known; stops before a budget or policy limit
     lambda settings, spec: CostMeter(settings.cost, quiet=_quiet(settings)),
     # last on step_end: rules have had their say (a sick step is not saved as a periodic checkpoint)

@@ -63,3 +63,13 @@ def test_round_trip_retention_and_fallback(storage: CheckpointStorage) -> None:
 def test_missing_root_lists_nothing(tmp_path: Path) -> None:
     assert open_storage(str(tmp_path / "none")).checkpoints() == []
     assert load_latest(open_storage(f"memory://nothing-{os.getpid()}")) is None
+
+
+def test_put_replaces_a_small_file_whole_and_files_lists_it(storage: CheckpointStorage) -> None:
+    assert storage.files("record") == []
+    storage.put("record", "heartbeat-a.json", b"first")
+    storage.put("record", "heartbeat-a.json", b"second, longer")
+    storage.put("record", "seg-a-000000.json.gz", b"segment")
+    assert sorted(storage.files("record")) == ["heartbeat-a.json", "seg-a-000000.json.gz"]
+    assert storage.read("record", "heartbeat-a.json") == b"second, longer"
+    assert storage.checkpoints() == []  # the record is not a checkpoint: retention leaves it

@@ -9,7 +9,6 @@ data position, see ``prudent.data``).
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from prudent.checkpoint.objects import check_saveable, restore_object, state_of
 from prudent.checkpoint.schedule import SaveSchedule
 from prudent.checkpoint.settings import CheckpointSettings
-from prudent.checkpoint.storage import CheckpointStorage, open_storage
+from prudent.checkpoint.storage import CheckpointStorage, default_location, open_storage
 from prudent.checkpoint.writer import CheckpointWriter, SaveResult, load_latest
 from prudent.distributed import ranks_from_env
 from prudent.errors import ConfigError
@@ -29,9 +28,6 @@ if TYPE_CHECKING:
     from prudent.stop import StopReason
 
 __all__ = ["Checkpointer"]
-
-SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
-
 
 class Checkpointer(Component):
     name = "checkpoint"
@@ -186,6 +182,4 @@ class Checkpointer(Component):
 
 
 def _default_location(run: RunContext) -> str:
-    if os.environ.get("SM_TRAINING_ENV") and os.path.isdir(SAGEMAKER_CHECKPOINTS):
-        return f"{SAGEMAKER_CHECKPOINTS}/{run.id}"
-    return str(run.run_dir / "checkpoints")
+    return default_location(run.id, run.run_dir)

@@ -24,6 +24,9 @@ class CheckpointSettings(BaseModel):
     url: str | None = Field(None, description="Folder or fsspec URL (s3://bucket/prefix); "
                             "default <run folder>/checkpoints (/opt/ml/checkpoints on SageMaker).")
     mtbi: str = Field("6h", description="Mean time between interruptions, for every: auto.")
+    heartbeat_interval: str = Field("60s", description="How often a small heartbeat (attempt, "
+                                    "host, last seen, spend) is written next to the checkpoints, "
+                                    "so a machine that vanishes is billed up to it; 'off' for none.")
     strict_resume: bool = Field(False, description="Refuse to start when checkpoints exist but "
                                 "none is readable (default: warn and start fresh).")
 
@@ -47,6 +50,18 @@ class CheckpointSettings(BaseModel):
     def _valid_interval(cls, every: str) -> str:
         parse_interval(every)
         return every
+
+    @field_validator("heartbeat_interval")
+    @classmethod
+    def _valid_heartbeat(cls, interval: str) -> str:
+        if interval.strip().lower() != "off" and parse_duration_s(interval) <= 0:
+            raise ValueError("must be positive, e.g. '60s', or 'off'")
+        return interval
+
+    def heartbeat_interval_s(self) -> float | None:
+        """Seconds between heartbeats; None when they are off."""
+        text = self.heartbeat_interval.strip().lower()
+        return None if text == "off" else parse_duration_s(text)
 
     @field_validator("mtbi")
     @classmethod

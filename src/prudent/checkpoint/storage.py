@@ -20,8 +20,10 @@ from typing import IO, Any
 from prudent.errors import ConfigError
 from prudent.launch import ENV_S3_ENDPOINT_URL
 
-__all__ = ["CheckpointStorage", "FsspecStorage", "LocalStorage", "open_storage"]
+__all__ = ["CheckpointStorage", "FsspecStorage", "LocalStorage", "default_location",
+           "open_storage"]
 
+SAGEMAKER_CHECKPOINTS = "/opt/ml/checkpoints"
 _NAME = re.compile(r"^ckpt-(\d+)$")
 
 
@@ -67,6 +69,15 @@ class CheckpointStorage(ABC):
 
     @abstractmethod
     def size(self, name: str, filename: str) -> int | None: ...
+
+    @abstractmethod
+    def put(self, name: str, filename: str, data: bytes) -> None:
+        """Write one small file of folder ``name`` whole, atomically: a reader sees the old
+        file (or none) or the new one, never part of it (the run's record, its heartbeat)."""
+
+    @abstractmethod
+    def files(self, name: str) -> list[str]:
+        """The file names in folder ``name`` (none when it does not exist)."""
 
     def checkpoints(self) -> list[str]:
         """Checkpoint names, newest (highest step) first."""
@@ -125,6 +136,21 @@ class LocalStorage(CheckpointStorage):
         except OSError:
             return None
 
+    def put(self, name: str, filename: str, data: bytes) -> None:
+        folder = self.root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        staging = folder / f".tmp-{filename}-{uuid.uuid4().hex[:8]}"
+        with _SyncedFile(staging) as stream:
+            stream.write(data)
+        staging.replace(folder / filename)
+        _fsync_dir(folder)
+
+    def files(self, name: str) -> list[str]:
+        folder = self.root / name
+        if not folder.is_dir():
+            return []
+        return [p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".tmp-")]
+
     def remove_stale_staging(self) -> int:
         """Staging folders left by a process killed mid-save."""
         stale = [*self.root.glob(".tmp-ckpt-*"), *self.root.glob(".old-ckpt-*")]
@@ -172,11 +198,29 @@ class FsspecStorage(CheckpointStorage):
         except FileNotFoundError:
             pass
 
+    def put(self, name: str, filename: str, data: bytes) -> None:
+        self.fs.pipe_file(f"{self.root}/{name}/{filename}", data)  # one PUT: whole or nothing
+
+    def files(self, name: str) -> list[str]:
+        try:
+            entries = self.fs.ls(f"{self.root}/{name}", detail=True, refresh=True)
+        except FileNotFoundError:
+            return []
+        return [str(e["name"]).rstrip("/").rsplit("/", 1)[-1] for e in entries
+                if e.get("type") != "directory"]
+
     def size(self, name: str, filename: str) -> int | None:
         try:
             return int(self.fs.size(f"{self.root}/{name}/{filename}"))
         except (FileNotFoundError, OSError):
             return None
+
+
+def default_location(run_id: str, run_dir: Path) -> str:
+    """Where a run's checkpoints go when ``checkpoint.url`` is not set."""
+    if os.environ.get("SM_TRAINING_ENV") and os.path.isdir(SAGEMAKER_CHECKPOINTS):
+        return f"{SAGEMAKER_CHECKPOINTS}/{run_id}"
+    return str(run_dir / "checkpoints")
 
 
 def open_storage(url: str) -> CheckpointStorage:

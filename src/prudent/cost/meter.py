@@ -32,6 +32,7 @@ from prudent.cost.policy import (
 )
 from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.events import Component, Event, EventKind
+from prudent.record.attempt import attempt_id, host_name
 from prudent.stop import StopKind, StopReason
 from prudent.units import parse_duration_s
 
@@ -60,6 +61,8 @@ class CostMeter(Component):
         self.prior_usd = 0.0
         self.prior_s = 0.0
         self.attempts = 1
+        self.history: list[dict[str, Any]] = []  # earlier attempts, on any machine
+        self._attempt_id: str | None = None
         self._t0: float | None = None
         self._deadline = math.inf
         self._last_check = 0.0
@@ -80,14 +83,21 @@ class CostMeter(Component):
 
     # events -------------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
-        catalog = load_catalog(self.settings.catalog_file)
+        catalog = load_catalog(self.settings)
         self.settings, detected = with_detected(self.settings, run.settings.preemption, catalog)
         if detected:
             run.record_event(EventKind.COST, "detect", detected)
         self.job = job_from_settings(self.settings, catalog)  # unknown instance: ConfigError
+        from prudent.cost.freshness import pricing
         policy = load_policy(run.settings)
         self._arm(run, policy)
-        run.record_event(EventKind.COST, "price", self._price_text(), **self._price())
+        source = pricing(self.job, self.settings.stale_after_days)  # what priced it, how old
+        run.record_event(EventKind.COST, "price", self._price_text(), **self._price(),
+                         attempt=attempt_id(run.id), host=host_name(), **source)
+        if source["stale"]:
+            self._say(run, "warning: " + source["stale"])
+        self._attempt_id = attempt_id(run.id)
+        self._publish(run)
         if self.hourly_usd > 0:
             self._say(run, self._price_text() + self._first_limit_text())
         if self._deadline <= self._t0:  # spent already (a rerun without a raised budget)
@@ -104,6 +114,12 @@ class CostMeter(Component):
             if run.store is not None:
                 self._start_updates(run)
 
+    def _publish(self, run: RunContext) -> None:
+        """What the record's heartbeat needs to bill this attempt to the second."""
+        run.gauges["cost_hourly_usd"] = self.hourly_usd
+        run.gauges["cost_prior_usd"] = self.prior_usd
+        run.gauges["cost_started_at"] = time.time() - self.attempt_s()
+
     def _start_updates(self, run: RunContext) -> None:
         self._thread = threading.Thread(target=self._update_store, args=(run,), daemon=True,
                                         name="prudent-cost-meter")
@@ -111,7 +127,10 @@ class CostMeter(Component):
 
     def _arm(self, run: RunContext, policy: PolicySettings) -> None:
         """Earlier attempts, the limits, and the deadline of the soonest one."""
-        self.prior_usd, self.prior_s, self.attempts = _prior_attempts(run)
+        self.history = _prior_attempts(run)
+        self.prior_usd = _prior_usd(run)
+        self.prior_s = sum(a["seconds"] for a in self.history)
+        self.attempts = len(self.history) + 1
         spend = project_spend(run.store, exclude=run.id) if run.store is not None else Spend()
         self.limits = limits(self.settings, policy, self.hourly_usd, self.prior_usd, self.prior_s,
                              spend, run.id)
@@ -143,6 +162,7 @@ class CostMeter(Component):
         if self._thread is not None:
             self._thread.join(timeout=30)
         breakdown = self.breakdown()
+        run.gauges["cost_final_usd"] = breakdown["total_usd"]  # what the record's end reports
         run.record_event(EventKind.COST, "meter", self._summary_text(breakdown), **breakdown,
                          **_progress(run))
         if run.store is not None:
@@ -168,7 +188,15 @@ class CostMeter(Component):
                 "total_s": round(self.prior_s + attempt_s, 3), "total_usd": round(total, 6),
                 "on_demand_usd": round(on_demand, 6), "saved_usd": round(on_demand - total, 6),
                 "limits": [{"reason": lim.reason, "key": lim.key, "amount": lim.amount}
-                           for lim in self.limits]}
+                           for lim in self.limits],
+                "by_attempt": [*self.history, self._this_attempt(attempt_s)]}
+
+    def _this_attempt(self, attempt_s: float) -> dict[str, Any]:
+        instance = self.job.instance
+        return {"attempt": self._attempt_id, "host": host_name(),
+                "instance": instance.ref if instance else None, "hourly_usd": self.hourly_usd,
+                "seconds": round(attempt_s, 3),
+                "usd": round(self.hourly_usd * attempt_s / 3600, 6)}
 
     def _price(self) -> dict[str, Any]:
         instance = self.job.instance
@@ -231,23 +259,44 @@ def _progress(run: RunContext) -> dict[str, int | None]:
     return {"steps_done": state.step, "planned_steps": planned}
 
 
-def _prior_attempts(run: RunContext) -> tuple[float, float, int]:
-    """Dollars and seconds of this run id's earlier attempts, and this attempt's number.
+def _prior_usd(run: RunContext) -> float:
+    """Dollars of this run id's earlier attempts: the stored ``cost_usd`` (updated while they
+    ran, and raised to the imported record's total when another machine ran them)."""
+    record = run.store.get_run(run.id) if run.store is not None else None
+    return float((record or {}).get("cost_usd") or 0.0)
 
-    Dollars come from the stored ``cost_usd`` (updated while they ran); seconds from each
-    attempt's final ``cost/meter`` event or, for an attempt killed before it could write one,
-    from its last event of any kind.
+
+def _prior_attempts(run: RunContext) -> list[dict[str, Any]]:
+    """This run id's earlier attempts (on this machine or imported with the record), each with
+    its host, price, seconds and dollars.
+
+    Seconds come from each attempt's final ``cost/meter`` event or, for an attempt killed
+    before it could write one, from its last event of any kind (for a lost machine, the
+    ``checkpoint/record_lost`` event at its last heartbeat).
     """
     if run.store is None:
-        return 0.0, 0.0, 1
-    record = run.store.get_run(run.id) or {}
-    attempts: list[list[float]] = []  # [start wall, last wall, known seconds or -1]
+        return []
+    attempts: list[dict[str, Any]] = []
     for event in run.store.events(run.id):
-        if (event["kind"], event["name"]) == ("cost", "price"):
-            attempts.append([event["wall"], event["wall"], -1.0])
+        kind_name, payload = (event["kind"], event["name"]), event["payload"]
+        if kind_name == ("cost", "price"):
+            attempts.append({"attempt": payload.get("attempt"), "host": payload.get("host"),
+                             "instance": payload.get("instance"),
+                             "hourly_usd": float(payload.get("hourly_usd") or 0.0),
+                             "start": event["wall"], "last": event["wall"], "known_s": None,
+                             "known_usd": None})
         elif attempts:
-            attempts[-1][1] = event["wall"]
-            if (event["kind"], event["name"]) == ("cost", "meter"):
-                attempts[-1][2] = float(event["payload"].get("attempt_s", -1.0))
-    seconds = sum(known if known >= 0 else last - start for start, last, known in attempts)
-    return float(record.get("cost_usd") or 0.0), seconds, len(attempts) + 1
+            current = attempts[-1]
+            current["last"] = event["wall"]
+            if kind_name in (("cost", "meter"), ("checkpoint", "record_lost")):
+                current["known_s"] = payload.get("attempt_s")
+                current["known_usd"] = payload.get("attempt_usd")
+    return [_settled(a) for a in attempts]
+
+
+def _settled(attempt: dict[str, Any]) -> dict[str, Any]:
+    start, last = attempt.pop("start"), attempt.pop("last")
+    known_s, known_usd = attempt.pop("known_s"), attempt.pop("known_usd")
+    seconds = float(known_s) if known_s is not None else last - start
+    usd = float(known_usd) if known_usd is not None else attempt["hourly_usd"] * seconds / 3600
+    return {**attempt, "seconds": round(seconds, 3), "usd": round(usd, 6)}
