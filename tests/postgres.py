@@ -46,10 +46,11 @@ class PostgresServer:
 
     def __init__(self, bin_dir: Path) -> None:
         self.bin_dir = bin_dir
-        self.root = Path(tempfile.mkdtemp(prefix="prudent-pg-"))
+        self.user = "nobody" if os.geteuid() == 0 else None
+        # as root, in /tmp: the server's user must reach its folder, whatever TMPDIR says
+        self.root = Path(tempfile.mkdtemp(prefix="prudent-pg-", dir="/tmp" if self.user else None))
         self.data = self.root / "data"
         self.port = _free_port()
-        self.user = "nobody" if os.geteuid() == 0 else None
         if self.user:
             shutil.chown(self.root, user=self.user)
         self._pg("initdb", "-D", str(self.data), "-U", "prudent", "--auth=trust", "-N",
@@ -89,7 +90,7 @@ class PostgresServer:
             command = ["runuser", "-u", self.user, "--", *command]
         # pg_ctl start leaves the server running on its own: it is not this process's child
         result = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, cwd=self.root)
         if result.returncode != 0:
             log = self.root / "server.log"
             tail = log.read_text()[-2000:] if log.exists() else ""
