@@ -53,7 +53,18 @@ class CostSettings(BaseModel):
     hourly_usd: Usd | None = Field(None, description="Price of one node-hour, overriding the "
                                    "catalog (an on-premise machine at an internal rate).")
     catalog_file: str | None = Field(None, description="Your own CSV of prices, in the bundled "
-                                     "columns: adds rows and overrides bundled ones.")
+                                     "columns or a SkyPilot <cloud>/vms.csv: adds rows and "
+                                     "overrides bundled ones.")
+    regions: dict[str, str] = Field(default_factory=dict, description="Region a SkyPilot "
+                                    "catalog is priced in, per cloud ({aws: us-west-2}); "
+                                    "default the cloud's reference region.")
+    skypilot_catalogs: bool = Field(True, description="Use SkyPilot's local catalog "
+                                    "(<skypilot_home>/catalogs/<version>/<cloud>/vms.csv) for "
+                                    "each cloud where it is newer than the bundled prices.")
+    skypilot_home: str | None = Field(None, description="Where SkyPilot keeps its catalogs; "
+                                      "None: ~/.sky.")
+    stale_after_days: int = Field(180, ge=1, description="Warn when a run is priced at a price "
+                                  "older than this (at start, in `prudent cost`, in preflight).")
     budget_usd: Usd | None = Field(None, description="Stop (checkpointed, resumable) before the "
                                    "run's total cost over all attempts passes this, e.g. '$40'.")
     max_hours: Usd | None = Field(None, description="Stop (checkpointed, resumable) before the "
