@@ -77,6 +77,6 @@ def test_a_run_on_a_detected_instance_is_metered_at_its_price(home: Path) -> Non
         with run:
             clock.advance(3600)
     store = Store.open(settings.store)
-    assert store.get_run(run.id)["cost_usd"] == pytest.approx(0.4024)  # g5.xlarge spot, 1 h
+    assert store.get_run(run.id)["cost_usd"] == pytest.approx(0.4328)  # g5.xlarge spot, 1 h
     assert any(e["name"] == "detect" for e in store.events(run.id))
     store.close()

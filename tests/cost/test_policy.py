@@ -10,14 +10,15 @@ import pytest
 
 from prudent.config import load_settings
 from prudent.cost.catalog import load_catalog
-from prudent.cost.policy import Job, Spend, check_job, load_policy, project_spend
-from prudent.cost.settings import PolicySettings
+from prudent.cost.policy import Job, Spend, check_job, job_from_settings, load_policy, project_spend
+from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.errors import ConfigError
 from prudent.store import Store
 
-CATALOG = load_catalog()
-G5 = CATALOG.lookup("aws:g5.xlarge")  # 1 x A10G, $1.006/h, spot $0.4024/h
-P4D = CATALOG.lookup("aws:p4d.24xlarge")  # 8 x A100, $32.7726/h
+CATALOG = load_catalog(CostSettings(skypilot_catalogs=False))  # the bundled prices only
+G5 = CATALOG.lookup("aws:g5.xlarge")  # 1 x A10G, $1.006/h, spot $0.4328/h
+P4D = CATALOG.lookup("aws:p4d.24xlarge")  # 8 x A100, $21.957642/h, spot $6.5323/h
+LAMBDA = CATALOG.lookup("lambda:gpu_8x_a100")  # 8 x A100, $10.32/h, no spot market
 
 
 def _rules(policy: dict, job: Job, spend: Spend | None = None) -> list[str]:
@@ -34,7 +35,7 @@ CASES = [
     ({"max_hours_per_job": 12}, Job(instance=G5, hours=20),
      ["20 h", "max_hours_per_job=12 h", "--max-hours 12"], Job(instance=G5, hours=12)),
     ({"max_hourly_usd": 10}, Job(instance=P4D),
-     ["$32.77/h", "max_hourly_usd $10.00", "--spot ($11.57/h)"], Job(instance=G5)),
+     ["$21.96/h", "max_hourly_usd $10.00", "--spot ($6.53/h)"], Job(instance=G5)),
     ({"max_parallel_trials": 4}, Job(kind="tune", instance=G5, parallel=8),
      ["8 parallel trials", "max_parallel_trials=4"], Job(kind="tune", instance=G5, parallel=4)),
     ({"require_spot": ["tune"]}, Job(kind="tune", instance=G5),
@@ -42,7 +43,13 @@ CASES = [
     ({"require_spot": True}, Job(kind="run", instance=G5),
      ["run jobs", "add --spot"], Job(kind="run", instance=G5, spot=True)),
     ({"max_usd_per_job": "$50"}, Job(instance=P4D, hours=3),
-     ["projected $98.32", "max_usd_per_job $50.00", "at most 1.53 h"], Job(instance=P4D, hours=1.5)),
+     ["projected $65.87", "max_usd_per_job $50.00", "at most 2.28 h"], Job(instance=P4D, hours=1.5)),
+    ({"require_spot": True}, Job(kind="run", instance=LAMBDA),
+     ["Lambda Cloud sells no spot", "pick a type with a spot price", "--instance aws:p4d.24xlarge "
+      "--spot"], Job(kind="run", instance=P4D, spot=True)),
+    ({"allowed_instances": ["nebius:gpu-h100-*", "runpod:*"]}, Job(instance=LAMBDA),
+     ["lambda:gpu_8x_a100", "--instance runpod:1x_A100-80GB_SECURE"],
+     Job(instance=CATALOG.lookup("nebius:gpu-h100-sxm_8gpu-128vcpu-1600gb"))),
     ({"max_usd_per_job": 50}, Job(instance=G5, budget_usd=80),
      ["budget $80.00", "--budget-usd 50"], Job(instance=G5, budget_usd=50)),
 ]
@@ -118,3 +125,19 @@ def test_project_spend_sums_stored_costs_of_today_and_this_month(home: Path) -> 
     assert project_spend(store, now=now) == Spend(day_usd=2.0, month_usd=7.0)
     assert project_spend(store, exclude="a", now=now) == Spend(day_usd=0.0, month_usd=5.0)
     store.close()
+
+
+@pytest.mark.parametrize("ref", ["lambda:gpu_8x_a100", "nebius:gpu-b200-sxm_8gpu-160vcpu-1792gb"])
+def test_spot_where_the_catalog_has_no_spot_price_is_refused_not_invented(ref: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        job_from_settings(CostSettings(instance=ref, spot=True), CATALOG)
+    message = str(info.value)
+    assert message.startswith(f"--spot on {ref}: ") and "drop --spot" in message
+    assert job_from_settings(CostSettings(instance=ref), CATALOG).hourly_usd > 0
+
+
+def test_new_clouds_are_priced_and_counted_like_the_others() -> None:
+    job = job_from_settings(CostSettings(instance="runpod:8x_A100-80GB_SECURE", spot=True,
+                                         nodes=2, max_hours="10"), CATALOG)
+    assert (job.hourly_usd, job.num_gpus) == (19.04, 16)
+    assert job.projected_usd == pytest.approx(190.4)

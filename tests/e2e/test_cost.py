@@ -70,7 +70,7 @@ REFUSALS = [
     pytest.param("max_hours_per_job: 12", ["--max-hours", "20"],
                  "[max_hours_per_job] 20 h exceed", marks=pytest.mark.slow),
     pytest.param("max_hourly_usd: 10", ["--instance", "aws:p4d.24xlarge"],
-                 "[max_hourly_usd] $32.77/h", marks=pytest.mark.slow),
+                 "[max_hourly_usd] $21.96/h", marks=pytest.mark.slow),
     pytest.param("max_usd_per_day: 5", ["--instance", "aws:p4d.24xlarge", "--max-hours", "1"],
                  "[max_usd_per_day] the project spent $0.00", marks=pytest.mark.slow),
     pytest.param("max_usd_per_month: 5", ["--instance", "aws:p4d.24xlarge", "--max-hours", "1"],
@@ -112,13 +112,13 @@ def test_policy_check_prints_the_projected_cost_and_exits_0_or_1(project: Projec
     ok = project.prudent("policy", "check", "--policy", "policy.yaml", "--instance",
                          "aws:g5.xlarge", "--hours", "10", "--spot")
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout.splitlines()[0] == ("projected cost $4.02: 10 h at $0.40/h "
+    assert ok.stdout.splitlines()[0] == ("projected cost $4.33: 10 h at $0.43/h "
                                          "(aws:g5.xlarge spot x 1 node)")
     bad = project.prudent("policy", "check", "--policy", "policy.yaml", "--instance",
                           "aws:p4d.24xlarge", "--hours", "10")
     assert bad.returncode == 1
     assert "violates max_gpus_per_job: 8 GPUs" in bad.stdout
-    assert "violates max_usd_per_job: projected $327.73" in bad.stdout
+    assert "violates max_usd_per_job: projected $219.58" in bad.stdout
 
 
 @pytest.mark.slow  # the rows themselves are checked in tests/cost/test_catalog.py

@@ -81,8 +81,10 @@ def with_detected(cost: CostSettings, preemption: PreemptionSettings,
                       "metered at $0; set cost.instance (--instance)")
     ref, spot = found
     try:
-        catalog.lookup(ref)
+        row = catalog.lookup(ref)
     except ConfigError as exc:
         return cost, f"detected {ref}, which the catalog lacks ({exc}); metered at $0"
     note = f"detected {ref}{' on spot' if spot else ''} from the cloud metadata service"
+    if spot and row.spot_note:
+        spot, note = False, f"{note}; {row.spot_note}: metered on demand"
     return cost.model_copy(update={"instance": ref, "spot": spot or cost.spot}), note

@@ -148,8 +148,15 @@ def _require_spot(policy: PolicySettings, job: Job, spend: Spend,
                   catalog: Catalog | None) -> Violation | None:
     if job.spot or job.instance is None or not policy.spot_required(job.kind):
         return None
+    fix = "add --spot"
+    if job.instance.spot_note:
+        options = [r for r in (catalog.rows() if catalog else []) if r.spot_usd is not None
+                   and r.gpu == job.instance.gpu and r.num_gpus == job.instance.num_gpus]
+        fix = (f"{job.instance.spot_note}, so pick a type with a spot price"
+               + (f", e.g. --instance {min(options, key=lambda r: r.spot_usd or 0).ref} --spot"
+                  if options else ""))
     return Violation("require_spot", f"policy require_spot says {job.kind} jobs run on spot, "
-                     f"but {job.instance.ref} was asked for on demand: add --spot")
+                     f"but {job.instance.ref} was asked for on demand: {fix}")
 
 
 def _max_per_job(policy: PolicySettings, job: Job, spend: Spend,
@@ -235,8 +242,14 @@ def _describe(exc: ValidationError, path: str) -> str:
 
 def job_from_settings(cost: CostSettings, catalog: Catalog, kind: str = "run",
                       parallel: int = 1) -> Job:
-    """The job a run's ``cost:`` settings describe (an unknown instance is a ConfigError)."""
-    return Job(kind=kind, instance=catalog.lookup(cost.instance) if cost.instance else None,
+    """The job a run's ``cost:`` settings describe (an unknown instance is a ConfigError, and
+    so is spot on a type the catalog has no spot price for: prudent never invents one)."""
+    instance = catalog.lookup(cost.instance) if cost.instance else None
+    if cost.spot and instance is not None and instance.spot_note and cost.hourly_usd is None:
+        raise ConfigError(f"--spot on {instance.ref}: {instance.spot_note}; run it on demand "
+                          f"(drop --spot / cost.spot) or pick a type with a spot price "
+                          f"(`prudent catalog --cloud {instance.cloud}`)")
+    return Job(kind=kind, instance=instance,
                spot=cost.spot, nodes=cost.nodes, parallel=parallel,
                hours=parse_hours(cost.max_hours) if cost.max_hours is not None else None,
                budget_usd=parse_usd(cost.budget_usd) if cost.budget_usd is not None else None,
