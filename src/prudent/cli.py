@@ -205,7 +205,7 @@ app.command("preflight", context_settings={"allow_extra_args": True,
                                           "ignore_unknown_options": True})(preflight_command)
 app.command("replay", context_settings={"allow_extra_args": True,
                                        "ignore_unknown_options": True})(replay_command)
-app.command("catalog")(cost_commands.catalog)
+app.add_typer(cost_commands.catalog_app, name="catalog")
 app.command("cost")(cost_commands.bill)
 app.add_typer(cost_commands.policy_app, name="policy")
 app.command("tune", context_settings={"allow_extra_args": True,

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from prudent.config import ProjectSettings
     from prudent.store import Store
 
-__all__ = ["bill", "breakdown", "catalog", "check_or_exit", "cost_settings", "policy_app"]
+__all__ = ["bill", "breakdown", "catalog", "catalog_app", "catalog_import", "check_or_exit",
+           "cost_settings", "policy_app", "stale_prices"]
 
 policy_app = typer.Typer(no_args_is_help=True, help="Check jobs against the cost policy.")
 _ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default ./prudent.yaml).")
@@ -59,37 +60,117 @@ def breakdown(store: Store, run_id: str) -> dict[str, Any] | None:
 
 
 # prudent catalog ---------------------------------------------------------------------------
+catalog_app = typer.Typer(help="The price catalog: list it, or import SkyPilot's prices.")
+
+
+@catalog_app.callback(invoke_without_command=True)
 def catalog(
-    cloud: str | None = typer.Option(None, "--cloud", help="Only aws, gcp or azure."),
+    ctx: typer.Context,
+    cloud: str | None = typer.Option(None, "--cloud", help="Only one cloud: aws, gcp, azure, "
+                                        "lambda, nebius, runpod, or one of your own."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     catalog_file: str | None = typer.Option(None, "--catalog-file", help="Your own price "
                                                "CSV (default: cost.catalog_file)."),
     config: str | None = _ConfigOption,
 ) -> None:
-    """The price catalog: GPU instance types with on-demand and spot $/h."""
+    """The price catalog: GPU instance types with on-demand and spot $/h, source and date."""
     from prudent.config import load_settings
     from prudent.cost.catalog import load_catalog
 
-    settings = load_settings(config)
-    rows = load_catalog(catalog_file or settings.cost.catalog_file).rows(cloud)
+    if ctx.invoked_subcommand is not None:
+        return
+    cost = load_settings(config).cost
+    if catalog_file:
+        cost = cost.model_copy(update={"catalog_file": catalog_file})
+    table = load_catalog(cost)
+    rows = table.rows(cloud)
     if cloud and not rows:
-        raise ConfigError(f"--cloud {cloud!r} has no rows: use aws, gcp, azure, or a cloud of "
+        clouds = ", ".join(sorted({r.cloud for r in table.rows()}))
+        raise ConfigError(f"--cloud {cloud!r} has no rows: use one of {clouds}, or a cloud of "
                           "your own catalog file")
     if as_json:
         typer.echo(json.dumps([r.as_dict() for r in rows], indent=2))
         return
-    _print_catalog(rows)
+    _print_catalog(rows, cost.stale_after_days)
 
 
-def _print_catalog(rows: list[Any]) -> None:
-    dates = sorted({r.prices_as_of for r in rows})
-    table = Table("instance", "region", "GPUs", "vCPUs", "memory GiB", "on-demand $/h", "spot $/h",
-                  title=f"list prices as of {', '.join(dates)}; override with cost.catalog_file")
+def _print_catalog(rows: list[Any], stale_after_days: int) -> None:
+    from prudent.cost.freshness import REFRESH, age_days
+
+    table = Table("instance", "region", "GPUs", "vCPUs", "memory GiB", "on-demand $/h",
+                  "spot $/h", "as of", "source",
+                  title="list prices; override with cost.catalog_file")
     for r in rows:
-        spot = f"{r.spot_usd:.3f}" if r.spot_usd is not None else ""
+        spot = f"{r.spot_usd:.3f}" if r.spot_usd is not None else "no spot"
         table.add_row(r.ref, r.region, f"{r.num_gpus} x {r.gpu}", str(r.vcpus),
-                      f"{r.memory_gib:g}", f"{r.on_demand_usd:.3f}", spot)
-    Console(width=max(Console().width, 110)).print(table)
+                      f"{r.memory_gib:g}", f"{r.on_demand_usd:.3f}", spot, r.prices_as_of,
+                      r.source)
+    Console(width=max(Console().width, 180)).print(table)
+    stale = sum((age_days(r.prices_as_of) or 0) > stale_after_days for r in rows)
+    if stale:
+        print(f"prudent: warning: {stale} price(s) older than {stale_after_days} days "
+              f"(cost.stale_after_days): {REFRESH}", file=sys.stderr)
+
+
+@catalog_app.command("import")
+def catalog_import(
+    file: Path = typer.Argument(..., help="A SkyPilot vms.csv, e.g. "
+                                "~/.sky/catalogs/v7/aws/vms.csv."),
+    cloud: str | None = typer.Option(None, "--cloud", help="Whose prices these are (default: "
+                                        "the folder name, as SkyPilot lays them out)."),
+    region: str | None = typer.Option(None, "--region", help="The region to price (default: "
+                                         "cost.regions, else the cloud's reference region)."),
+    to: str | None = typer.Option(None, "--to", help="The catalog file to write (default: "
+                                     "cost.catalog_file, else prudent-prices.csv)."),
+    as_of: str | None = typer.Option(None, "--as-of", help="The prices' date, YYYY-MM-DD "
+                                        "(default: the file's modification date)."),
+    config: str | None = _ConfigOption,
+) -> None:
+    """Import SkyPilot's prices for one cloud into your catalog file (written atomically)."""
+    from prudent.config import load_settings
+    from prudent.cost.catalog import from_skypilot, write_rows
+    from prudent.cost.skypilot import cloud_of
+
+    cost = load_settings(config).cost
+    name = (cloud or cloud_of(file) or "").lower()
+    _check_date(as_of)
+    rows = from_skypilot(file, name or None, region or cost.regions.get(name), as_of)
+    if not rows:
+        raise ConfigError(f"{file}: no GPU instance types to import; fix: pass a SkyPilot "
+                          "vms.csv that lists GPU instances")
+    target = Path(to or cost.catalog_file or "prudent-prices.csv")
+    new = {r.ref.lower() for r in rows}
+    kept = [r for r in _existing_rows(target) if r.ref.lower() not in new]
+    write_rows(kept + rows, target, f"prudent catalog: your prices, and {rows[0].cloud} prices "
+               f"imported from {file} (prudent catalog import)")
+    regions = ", ".join(sorted({r.region for r in rows}))
+    typer.echo(f"imported {len(rows)} {rows[0].cloud} instance types ({regions}, as of "
+               f"{rows[0].prices_as_of}) from {file} into {target}")
+    if cost.catalog_file is None or Path(cost.catalog_file).resolve() != target.resolve():
+        typer.echo(f"to price runs with them, set cost.catalog_file: {target} in prudent.yaml")
+
+
+def _check_date(as_of: str | None) -> None:
+    from datetime import date
+
+    try:
+        if as_of is not None:
+            date.fromisoformat(as_of)
+    except ValueError:
+        raise ConfigError(f"--as-of {as_of!r} is not a date: write YYYY-MM-DD") from None
+
+
+def _existing_rows(target: Path) -> list[Any]:
+    from prudent.cost.catalog import parse_rows
+    from prudent.cost.skypilot import is_skypilot
+
+    if not target.exists():
+        return []
+    text = target.read_text()
+    if is_skypilot(text):
+        raise ConfigError(f"{target} is a SkyPilot file, which prudent reads but does not "
+                          "write: import into another file with --to prices.csv")
+    return parse_rows(text, str(target), source=str(target))
 
 
 # prudent policy check ----------------------------------------------------------------------
@@ -113,6 +194,7 @@ def policy_check(
 
     from prudent.config import load_settings
     from prudent.cost.catalog import load_catalog
+    from prudent.cost.freshness import pricing
     from prudent.cost.launch import existing_spend
     from prudent.cost.policy import check_job, job_from_settings, load_policy
 
@@ -121,8 +203,11 @@ def policy_check(
                           "kind is run or tune, nodes and parallel >= 1, gpus >= 0")
     overrides = cost_settings(instance, spot, nodes, budget_usd, hours, policy)
     settings = load_settings(config, overrides=overrides)
-    table = load_catalog(settings.cost.catalog_file)
+    table = load_catalog(settings.cost)
     job = replace(job_from_settings(settings.cost, table, kind=kind, parallel=parallel), gpus=gpus)
+    stale = pricing(job, settings.cost.stale_after_days)["stale"]
+    if stale:
+        print(f"prudent: warning: {stale}", file=sys.stderr)
     broken = check_job(load_policy(settings), job, existing_spend(settings), table)
     typer.echo(f"projected cost ${job.projected_usd:.2f}: {job.hours:g} h at {job.describe()}"
                + (f" x {parallel} trials" if parallel > 1 else ""))
@@ -149,16 +234,57 @@ def bill(
     if by not in BY:
         raise ConfigError(f"--by {by!r} is invalid: use one of {', '.join(BY)}")
     start = since_timestamp(since)
-    store = Store.open(load_settings(config).store)
+    settings = load_settings(config)
+    store = Store.open(settings.store)
     try:
         total, lines = make_bill(store, start, by)
+        stale = stale_prices(store, start, settings.cost.stale_after_days)
     finally:
         store.close()
+    if stale:
+        print(f"prudent: warning: {_stale_text(stale, settings.cost.stale_after_days)}",
+              file=sys.stderr)
     if as_json:
         typer.echo(json.dumps({"since": start, "by": by, "total": total.as_dict(),
-                               "groups": [line.as_dict() for line in lines]}, indent=2))
+                               "groups": [line.as_dict() for line in lines],
+                               "stale_prices": stale}, indent=2))
         return
     _print_bill(total, lines, by)
+
+
+def stale_prices(store: Store, start: float, max_age_days: int) -> list[dict[str, Any]]:
+    """The prices older than ``max_age_days`` that priced runs started since ``start``
+    (from each run's ``cost/price`` event), one entry per instance."""
+    from datetime import datetime, timezone
+
+    from prudent.cost.freshness import age_days
+
+    found: dict[str, dict[str, Any]] = {}
+    for run in store.list_runs():
+        if run["started_at"] < start:
+            continue
+        for event in store.events(run["id"]):
+            price = event["payload"]
+            if (event["kind"], event["name"]) != ("cost", "price") or not price.get("instance"):
+                continue
+            then = datetime.fromtimestamp(run["started_at"], timezone.utc).date()
+            age = age_days(price.get("prices_as_of"), today=then)  # as old as when it ran
+            if age is not None and age > max_age_days and price.get("source") != "cost.hourly_usd":
+                found.setdefault(price["instance"], {
+                    "instance": price["instance"], "prices_as_of": price["prices_as_of"],
+                    "source": price.get("source") or "the catalog", "age_days": age, "runs": 0})
+                found[price["instance"]]["runs"] += 1
+                break
+    return list(found.values())
+
+
+def _stale_text(stale: list[dict[str, Any]], max_age_days: int) -> str:
+    from prudent.cost.freshness import REFRESH
+
+    named = "; ".join(f"{s['instance']} as of {s['prices_as_of']} (source {s['source']}, "
+                      f"{s['runs']} run{'s' * (s['runs'] != 1)})" for s in stale)
+    return (f"runs were priced at prices older than {max_age_days} days "
+            f"(cost.stale_after_days): {named}; {REFRESH}")
 
 
 def _print_bill(total: Any, lines: list[Any], by: str) -> None:
