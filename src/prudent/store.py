@@ -138,7 +138,8 @@ def _retry(fn: Callable[[], T], attempts: int = 40) -> T:
         try:
             return fn()
         except DBAPIError as exc:
-            locked = "locked" in str(exc) or "busy" in str(exc)
+            reason = str(exc.orig)  # not str(exc): the statement's values could say "locked"
+            locked = isinstance(exc, OperationalError) and ("locked" in reason or "busy" in reason)
             if not (locked or exc.connection_invalidated and attempt < 2) \
                     or attempt == attempts - 1:
                 raise
