@@ -28,7 +28,7 @@ __all__ = ["check_launch", "existing_spend"]
 
 def check_launch(settings: ProjectSettings, kind: str = "run", parallel: int = 1) -> Job:
     """The job the settings describe; ConfigError on bad input, PolicyViolation if refused."""
-    catalog = load_catalog(settings.cost.catalog_file)
+    catalog = load_catalog(settings.cost)
     cost, _ = with_detected(settings.cost, settings.preemption, catalog)
     job = job_from_settings(cost, catalog, kind=kind, parallel=parallel)
     policy = load_policy(settings)
