@@ -119,3 +119,24 @@ def test_a_nanogpt_killed_twice_ends_with_the_weights_of_an_uninterrupted_run(
     assert all(torch.equal(final[k], expected[k]) for k in expected)
     shown = project.show("victim")
     assert shown["restarts"] == 2 and shown["status"] == "completed" and shown["step"] == 80
+
+
+@pytest.mark.slow  # four short processes: about 15 s on an idle 2-core machine
+def test_prudent_preflight_of_a_nanogpt_passes_in_steps_with_a_projection(
+        project: Project) -> None:
+    started = time.monotonic()
+    result = project.prudent("preflight", "--json", "--", sys.executable, NANOGPT, timeout=120)
+    seconds = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert seconds < 60
+    document = json.loads(result.stdout)
+    checks = {c["id"]: c for c in document["checks"]}
+    assert all(c["status"] == "pass" or (c["status"] == "skip" and c["summary"])
+               for c in checks.values()), checks
+    assert checks["overfit"]["status"] == "pass"  # the first step's batches, drawn again
+    assert "drawn again every step" in checks["overfit"]["summary"]
+    assert not any("epoch(s)" in c["summary"] for c in checks.values())
+    assert checks["cost"]["status"] == "pass"
+    assert "full run: 200 steps x " in checks["cost"]["summary"]
+    assert document["projection"]["num_steps"] == 200 and document["projection"]["hours"] > 0
+    assert document["processes"]["smoke"]["seconds"] < 30  # shortened, not 200 iterations

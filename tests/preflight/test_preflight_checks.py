@@ -22,6 +22,7 @@ def record(num_steps: int = 8, **changes: Any) -> dict[str, Any]:
     steps = [{"step": i + 1, "epoch": i // 4, "index": i % 4, "loss": 2.0 - 0.1 * i,
               "time_s": 0.01} for i in range(num_steps)]
     base = {"status": "completed", "stop_reason": None, "steps": steps, "final_step": num_steps,
+            "num_epochs": 2, "batches_per_epoch": 4, "num_steps": None,
             "epochs": [{"epoch": 0, "tail_s": 0.1}, {"epoch": 1, "tail_s": 0.1}],
             "batches": [{"leaves": SIG, "count": num_steps, "first_step": 1, "epoch": 0,
                          "index": 0, "trained": True, "last_of_epoch": False}],
@@ -169,3 +170,78 @@ def test_a_crash_after_the_training_block_fails_runs() -> None:
     check = check_runs(result(record(), rc=1, stderr=stderr))
     assert check.status == "fail" and "after the `with run:` block" in check.summary
     assert "/u/train.py" in check.detail
+
+
+def iteration_record(num_steps: int = 8, **changes: Any) -> dict[str, Any]:
+    """A run.steps loop that draws its own batches: no epochs, no run.batches, no data scan."""
+    rec = record(num_steps, num_epochs=None, batches_per_epoch=None, epochs=[], batches=[],
+                 num_logs=2, scan={"batches": 0, "complete": False, "seconds": 0.0,
+                                   "nonfinite": []})
+    rec["num_steps"] = 200
+    for step in rec["steps"]:
+        step["epoch"], step["index"] = 0, -1
+    rec.update(copy.deepcopy(changes))
+    return rec
+
+
+def test_an_iteration_loop_is_described_in_steps_not_epochs() -> None:
+    check = check_runs(result(iteration_record()))
+    assert check.status == "pass" and "8 of run.steps(200)'s iterations" in check.summary
+    assert "epoch" not in check.summary and "run.log called 2 time(s)" in check.summary
+    finite = check_finite(result(iteration_record()))
+    assert finite.status == "pass" and "draws its own batches" in finite.summary
+    assert "scan budget" not in finite.summary
+    exc = {"type": "NameError", "message": "name 'x' is not defined", "frames": []}
+    crashed = check_runs(result(iteration_record(4, status="failed", exception=exc)))
+    assert "crashed after step 4 (in the code between steps" in crashed.summary
+
+
+def replayed(losses: list[float], inputs: list[str]) -> dict[str, Any]:
+    rec = iteration_record(len(losses), replay={"rewound": True, "inputs": inputs})
+    for step, loss in zip(rec["steps"], losses):
+        step["loss"] = loss
+    return rec
+
+
+def test_overfit_judges_a_loop_that_draws_its_own_batches_only_when_they_repeated() -> None:
+    falling = [2.3 * 0.9 ** i for i in range(60)]
+    check = check_overfit(result(iteration_record(), overfit=replayed(falling, ["a"] * 6)))
+    assert check.status == "pass" and "drawn again every step" in check.summary
+    # step 0 drew before the generators were first rewound: judged from step 1 on
+    check = check_overfit(result(iteration_record(),
+                                 overfit=replayed([9.0] + falling, ["z"] + ["a"] * 5)))
+    assert check.status == "pass" and "loss 2.3 ->" in check.summary
+    # a generator of the script's own: no batch repeated, so no verdict on a healthy script
+    slow = [2.3 * 0.99 ** i for i in range(60)]
+    check = check_overfit(result(iteration_record(), overfit=replayed(slow, list("abcdef"))))
+    assert check.status == "skip" and "the loop draws its own batches (no run.batches)" in \
+        check.summary and "cannot rewind" in check.summary
+
+
+def test_a_loop_without_run_batches_is_checked_on_what_the_model_was_fed() -> None:
+    fed = {"model": {"train": [[["input['args'][0]", [16, 32], "int64"]]],
+                     "eval": [[["input['args'][0]", [16, 32], "int64"]]]}}
+    check = check_batches(result(iteration_record(model_inputs=fed)))
+    assert check.status == "pass" and "int64 (16, 32) in training and in evaluation" in \
+        check.summary
+    fed["model"]["eval"] = [[["input['args'][0]", [16, 32], "int32"]]]
+    assert check_batches(result(iteration_record(model_inputs=fed))).status == "fail"
+    assert check_batches(result(iteration_record())).status == "skip"
+
+
+def test_a_resume_that_draws_other_random_numbers_names_the_generators() -> None:
+    smoke = iteration_record()
+    for step in smoke["steps"]:
+        step["rng"] = f"r{step['step']}"
+    stop = iteration_record(6, status="stopped")
+    stop["steps"] = copy.deepcopy(smoke["steps"][:6])
+    resumed = iteration_record(8)
+    resumed["steps"] = copy.deepcopy(smoke["steps"][6:])
+    resumed["steps"][0]["loss"] += 0.5
+    check = check_resume(result(smoke, stop=stop, resume=resumed))
+    assert check.status == "fail" and "generators" not in check.summary  # same generators
+    resumed["steps"][0]["rng"] = "other"
+    check = check_resume(result(smoke, stop=stop, resume=resumed))
+    assert check.status == "fail" and "random generators already differed after step 7" in \
+        check.summary
+    assert "run.state.step" in check.fix and "torch.Generator" in check.fix

@@ -65,7 +65,7 @@ def test_smoke_mode_runs_two_short_epochs_and_reaches_the_last_batch(
         settings: ProjectSettings, smoke: Path) -> None:
     run = train(settings, torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),
                                               torch.nn.Linear(8, 2)))
-    assert isinstance(run.context.components[-1], PreflightProbe)
+    assert any(isinstance(c, PreflightProbe) for c in run.context.components)
     record = json.loads(smoke.read_text())
     assert record["status"] == "completed" and record["num_epochs"] == 5
     assert [(s["epoch"], s["index"]) for s in record["steps"]] == [
@@ -119,3 +119,55 @@ def test_the_probe_is_only_built_in_smoke_mode() -> None:
     probe = PreflightProbe.build({"PRUDENT_SMOKE": "1", "PRUDENT_PREFLIGHT_STEPS": "5",
                                   "PRUDENT_PREFLIGHT_STOP_AT": "7"})
     assert probe is not None and (probe.settings.steps, probe.settings.stop_at) == (5, 7)
+
+
+def iterations(settings: ProjectSettings, num_steps: int = 40, accum: int = 2,
+               generator: torch.Generator | None = None) -> list[torch.Tensor]:
+    """A nanoGPT-style loop: run.steps, batches drawn with torch.randint, micro-steps."""
+    data = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    targets = (data[:, 0] > 0).long()
+    model = torch.nn.Linear(4, 2)
+    run = prudent.init(name="iterations", settings=settings, exit_on_stop=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    run.attach(model=model, optimizer=opt)
+    drawn = []
+    with run:
+        for _ in run.steps(num_steps):
+            for _ in range(accum):
+                ix = torch.randint(64, (8,), generator=generator)
+                drawn.append(ix)
+                run.backward(F.cross_entropy(model(data[ix]), targets[ix]) / accum)
+            opt.step()
+            opt.zero_grad()
+            run.step()
+    return drawn
+
+
+def test_an_iteration_loop_is_shortened_timed_and_its_length_kept(
+        settings: ProjectSettings, smoke: Path) -> None:
+    iterations(settings, num_steps=500)
+    record = json.loads(smoke.read_text())
+    assert record["status"] == "completed" and len(record["steps"]) == 6  # 2 x --steps 3
+    assert (record["num_steps"], record["num_epochs"], record["step_limit"]) == (500, None, 6)
+    assert record["step_s"] > 0 and record["steps"][0]["time_s"] is None  # timed end to end
+    assert len({s["rng"] for s in record["steps"]}) == 6  # every step draws: new generators
+
+
+def test_overfit_rewinds_the_generators_so_a_loop_that_draws_its_own_batches_repeats_them(
+        settings: ProjectSettings, smoke: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRUDENT_PREFLIGHT_MODE", "overfit")
+    monkeypatch.setenv("PRUDENT_PREFLIGHT_OVERFIT_STEPS", "12")
+    drawn = iterations(settings)
+    assert all(torch.equal(ix, drawn[i % 2]) for i, ix in enumerate(drawn))  # 2 micro-batches
+    record = json.loads(smoke.read_text())
+    assert record["replay"]["rewound"] and not record.get("loader_repeated")
+    assert len(set(record["replay"]["inputs"])) == 1 and len(record["replay"]["inputs"]) == 6
+
+
+def test_overfit_cannot_rewind_a_generator_of_the_scripts_own(
+        settings: ProjectSettings, smoke: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRUDENT_PREFLIGHT_MODE", "overfit")
+    monkeypatch.setenv("PRUDENT_PREFLIGHT_OVERFIT_STEPS", "12")
+    iterations(settings, generator=torch.Generator().manual_seed(1))
+    inputs = json.loads(smoke.read_text())["replay"]["inputs"]
+    assert len(set(inputs)) == len(inputs) == 6  # the overfit check says SKIP on this

@@ -39,3 +39,12 @@ def test_an_unknown_instance_names_close_matches() -> None:
         price_for("aws:g5.xlarg", None, spot=False)
     with pytest.raises(ConfigError, match="--speedup must be > 0"):
         project(RECORD, speedup=0, price=None, device="cpu")
+
+
+def test_a_loop_without_epochs_projects_its_steps_times_the_step_time() -> None:
+    loop = {"step_s": 0.02, "num_epochs": None, "batches_per_epoch": None, "num_steps": 5000,
+            "epochs": [], "steps": [{}] * 16, "memory": {}}
+    p = project(loop, speedup=4, price=Price(3.0, "--price-per-hour"), device="cpu")
+    assert p.num_steps == 5000 and p.hours == pytest.approx(5000 * 0.02 / 4 / 3600)
+    assert any("smoke iterations" in a for a in p.assumptions)
+    assert not any("batches per epoch unknown" in a for a in p.assumptions)

@@ -39,3 +39,14 @@ def test_text_and_json_say_what_failed_and_exit_accordingly() -> None:
     assert document["ok"] is False and not verdict_ok(checks)
     assert [c["status"] for c in document["checks"]] == ["pass", "fail"]
     assert document["processes"]["smoke"]["exit_code"] == 0
+
+
+def test_an_iteration_loop_is_projected_and_headed_in_steps() -> None:
+    loop = {"step_s": 0.016, "num_epochs": None, "batches_per_epoch": None, "num_steps": 200,
+            "epochs": [], "steps": [{}] * 16, "memory": {}}
+    out = PreflightResult(["python", "nanogpt.py"], steps=8, seconds=14.0)
+    out.phases["smoke"] = PhaseResult("smoke", 0, 5.0, loop)
+    check = projection_check(out, project(loop, speedup=None, price=None, device="cpu"))
+    assert check.status == "pass" and "full run: 200 steps x 16.0 ms = 3 s" in check.summary
+    assert as_text(out, [check]).startswith("preflight of python nanogpt.py (16 of 200 steps, ")
+    assert "epoch" not in check.summary

@@ -57,14 +57,15 @@ def check_runs(result: PreflightResult) -> CheckResult:
     if smoke.timed_out:
         return CheckResult("runs", title, "fail", f"{name} did not finish within "
                            f"{smoke.seconds:.0f} s in smoke mode", "make sure the loop goes "
-                           "through run.epochs() and run.batches() (smoke mode shortens them), or "
-                           "raise --timeout")
+                           "through run.epochs() and run.batches(), or run.steps(n) (smoke mode "
+                           "shortens them), or raise --timeout")
     if record["status"] == "failed":
         return _crashed(title, smoke, name)
     if not record["steps"]:
         return CheckResult("runs", title, "fail", f"{name} called prudent.init() but never "
                            "run.step(): nothing was trained", "call run.step(loss=loss) once per "
-                           "optimisation step, inside `for batch in run.batches(loader)`")
+                           "optimisation step, inside `for batch in run.batches(loader)` or "
+                           "`for it in run.steps(max_iters)`")
     if record["status"] == "stopped":
         return CheckResult("runs", title, "warn", f"stopped early ({record['stop_reason']}) at "
                            f"step {record['final_step']}: the rest of the loop was not exercised",
@@ -77,10 +78,25 @@ def check_runs(result: PreflightResult) -> CheckResult:
                            "the code after training (saving the final model, a report) runs "
                            "only once, at the very end of the cloud run: fix it now",
                            format_frames(exc))
-    epochs = len(record["epochs"])
-    return CheckResult("runs", title, "pass", f"{len(record['steps'])} steps over {epochs} "
-                       f"epoch(s) of {result.steps} batches, evaluation and epoch-end code "
-                       f"included, exit code {smoke.returncode} ({smoke.seconds:.1f} s)")
+    return CheckResult("runs", title, "pass", f"{_what_ran(record, result.steps)}, exit code "
+                       f"{smoke.returncode} ({smoke.seconds:.1f} s)")
+
+
+def is_iteration_loop(record: dict[str, Any]) -> bool:
+    """The loop counts steps (run.steps, or its own counter), not epochs."""
+    return record.get("num_epochs") is None
+
+
+def _what_ran(record: dict[str, Any], batches: int) -> str:
+    steps, logs = len(record["steps"]), record.get("num_logs", 0)
+    evaluated = f", run.log called {logs} time(s) (evaluation)" if logs else ""
+    if not is_iteration_loop(record):
+        return (f"{steps} steps over {len(record['epochs'])} epoch(s) of {batches} batches, "
+                "evaluation and epoch-end code included")
+    if record.get("num_steps") is not None:
+        return (f"{steps} of run.steps({record['num_steps']})'s iterations (smoke mode stops "
+                f"early){evaluated}")
+    return f"{steps} steps{evaluated}"
 
 
 def _no_record(title: str, smoke: PhaseResult, name: str) -> CheckResult:
@@ -133,6 +149,8 @@ def _where(record: dict[str, Any]) -> str:
         return "before the first step"
     last = steps[-1]
     done = len(record.get("epochs", []))
+    if is_iteration_loop(record):
+        return f"after step {last['step']} (in the code between steps, or after the loop)"
     if done <= last["epoch"]:  # the epoch's steps were done, the epoch never ended
         return (f"after epoch {last['epoch'] + 1}'s training steps (step {last['step']}): in "
                 "evaluation or epoch-end code")
@@ -168,6 +186,8 @@ def check_finite(result: PreflightResult) -> CheckResult:
     scan = record["scan"]
     read = "the whole first epoch's data read" if scan["complete"] else (
         f"{scan['batches']} more batches read before the {scan['seconds']:.0f} s scan budget")
+    if not record["batches"]:
+        read = "the loop draws its own batches (no run.batches): no data to read ahead"
     return CheckResult("finite", title, "pass", f"{len(steps)} finite losses; {read}, no NaN/inf")
 
 
@@ -240,7 +260,13 @@ def check_overfit(result: PreflightResult) -> CheckResult:
     if any(v is None for v in losses):
         return CheckResult("overfit", title, "warn", "no loss was seen", "pass the loss to "
                            "run.backward(loss) or run.step(loss=loss)")
-    judged = _judge_overfit(title, losses)
+    what = "one repeated batch"
+    if _drew_its_own(phase.record):
+        why_not, losses = _replayed(phase.record, losses)
+        if why_not:
+            return _skip("overfit", title, why_not)
+        what = "the first step's batches, drawn again every step (generators rewound)"
+    judged = _judge_overfit(title, losses, what)
     stale = _stale(result)
     if stale:
         judged.status, judged.fix = "fail", _STALE_FIX
@@ -253,20 +279,42 @@ _STALE_FIX = ("call optimizer.zero_grad() once per step (before backward or afte
               "without it every step also applies all the previous gradients")
 
 
+def _drew_its_own(record: dict[str, Any]) -> bool:
+    """The overfit run never went through run.batches: the probe rewound the generators."""
+    return "replay" in record and not record.get("loader_repeated")
+
+
+def _replayed(record: dict[str, Any], losses: list[float]) -> tuple[str, list[float]]:
+    """Whether rewinding the generators repeated the batches (a reason if not), and the losses
+    to judge: those of the repeated steps (step 0 may have drawn before anything was rewound).
+    """
+    inputs = record["replay"]["inputs"]
+    own = "the loop draws its own batches (no run.batches)"
+    if len(inputs) < 3:
+        return (f"{own} and the attached model was fed too few steps to tell whether rewinding "
+                "the random generators repeated them: cannot repeat one", [])
+    if len(set(inputs[1:])) != 1:
+        return (f"{own} from a source prudent cannot rewind (not Python's, NumPy's or torch's "
+                "global generators): the model got other inputs every step, so no batch could "
+                "be repeated", [])
+    return "", losses if inputs[0] == inputs[1] else losses[1:]
+
+
 def _stale(result: PreflightResult) -> list[str]:
     records = [p.record for p in result.phases.values() if p.record is not None]
     return sorted({n for r in records for n in r.get("gradients", {}).get("stale", [])})
 
 
-def _judge_overfit(title: str, losses: list[float]) -> CheckResult:
+def _judge_overfit(title: str, losses: list[float],
+                   what: str = "one repeated batch") -> CheckResult:
     first, n = losses[0], len(losses)
     if not all(math.isfinite(v) for v in losses):
         at = next(i for i, v in enumerate(losses) if not math.isfinite(v)) + 1
-        return CheckResult("overfit", title, "fail", f"on one repeated batch the loss became "
+        return CheckResult("overfit", title, "fail", f"on {what} the loss became "
                            f"non-finite at step {at} (from {first:.4g})", "lower the learning "
                            "rate, or look for an unstable loss")
     end = min(losses[-5:])
-    seen = f"loss {first:.4g} -> {end:.4g} in {n} steps on one repeated batch"
+    seen = f"loss {first:.4g} -> {end:.4g} in {n} steps on {what}"
     if abs(first) < 1e-6 or end <= first / OVERFIT_FACTOR:
         return CheckResult("overfit", title, "pass", f"{seen} ({_ratio(first, end)})")
     fix = ("a model that cannot memorise one batch will not learn the data: look for a missing "
@@ -291,7 +339,7 @@ def check_batches(result: PreflightResult) -> CheckResult:
         return _skip("batches", title, "the script did not reach prudent.init()")
     seen = record["batches"]
     if not seen:
-        return _skip("batches", title, "no batch was loaded through run.batches()")
+        return _model_inputs_only(title, record)
     reference = seen[0]["leaves"]
     crash = _batch_crash(record, smoke, reference)
     if crash is not None:
@@ -342,6 +390,26 @@ def _compare_batches(seen: list[dict[str, Any]],
             notes.append(f"the last batch has {structure.batch_size(entry['leaves'])} samples "
                          f"(the others {usual}) and trained fine")
     return problems, notes
+
+
+def _model_inputs_only(title: str, record: dict[str, Any]) -> CheckResult:
+    """A loop without run.batches: judge what the attached model was fed instead."""
+    inputs = record.get("model_inputs", {})
+    trained = [(key, modes["train"]) for key, modes in inputs.items() if modes.get("train")]
+    if not trained:
+        return _skip("batches", title, "no batch was loaded through run.batches() and no "
+                     "attached model was fed in training: nothing to compare")
+    problems = _model_inputs(inputs)
+    if problems:
+        return CheckResult("batches", title, "fail", "; ".join(problems[:4]), "make the "
+                           "validation batches the same dtypes as the training ones")
+    key, signatures = trained[0]
+    evaluated = " and in evaluation" if inputs[key].get("eval") else ""
+    varied = (f"; {len(signatures)} input structures in training" if len(signatures) > 1
+              else "")
+    return CheckResult("batches", title, "pass", "the loop draws its own batches (no "
+                       f"run.batches): {key} was fed {structure.describe(signatures[0])} in "
+                       f"training{evaluated}, the same dtypes{varied}")
 
 
 def _model_inputs(inputs: dict[str, dict[str, list[Any]]]) -> list[str]:
@@ -423,19 +491,42 @@ def _compare_resumed(title: str, result: PreflightResult, stop: PhaseResult,
         return CheckResult("resume", title, "fail", f"stopped at step {k} with a checkpoint, but "
                            f"the new process started at step {first}: it did not resume",
                            "attach every object with run.attach(...) before the loop, and loop "
-                           "with run.epochs()/run.batches() so prudent can reposition it")
+                           "with run.epochs()/run.batches() or run.steps(n) so prudent can "
+                           "reposition it")
     mismatch = [s for s in sorted(resumed) if not _same(reference.get(s), resumed[s])]
     if mismatch:
         s = mismatch[0]
-        return CheckResult("resume", title, "fail", f"stopped at step {k}, resumed in a new "
-                           f"process: the loss at step {s} is {resumed[s]!r}, the uninterrupted "
-                           f"run had {reference.get(s)!r}", "some state is not in the "
+        seen = (f"stopped at step {k}, resumed in a new process: the loss at step {s} is "
+                f"{resumed[s]!r}, the uninterrupted run had {reference.get(s)!r}")
+        rng = _rng_differs(result.phases["smoke"], resume, k)
+        if rng is not None:
+            return CheckResult("resume", title, "fail", f"{seen}; the random generators "
+                               f"already differed after step {rng}", _RNG_FIX)
+        return CheckResult("resume", title, "fail", seen, "some state is not in the "
                            "checkpoint: attach every stateful object (scheduler, GradScaler, "
                            "your own counters) with run.attach(...), and draw randomness from "
                            "torch's generators")
     return CheckResult("resume", title, "pass", f"stopped at step {k} (as if preempted), a new "
                        f"process resumed: its {len(resumed)} losses equal the uninterrupted "
                        f"run's bit for bit, starting with step {k + 1}")
+
+
+_RNG_FIX = ("the resumed run draws other random numbers than the uninterrupted one: prudent "
+            "restores Python's, NumPy's and torch's global generators when run.attach, "
+            "run.steps or run.batches starts, so draw batches and dropout from those (a "
+            "torch.Generator or np.random.default_rng of your own is not in the checkpoint: "
+            "seed it from run.state.step), and draw nothing random before the loop only on "
+            "a fresh start")
+
+
+def _rng_differs(reference: PhaseResult, resume: PhaseResult, k: int) -> int | None:
+    """The first step after ``k`` whose generators (hashed by the probe) differ, if any."""
+    ref = {s["step"]: s.get("rng") for s in (reference.record or {}).get("steps", [])}
+    for entry in (resume.record or {}).get("steps", []):
+        step, rng = entry["step"], entry.get("rng")
+        if step > k and rng is not None and ref.get(step) is not None and rng != ref[step]:
+            return step
+    return None
 
 
 def _skip(check_id: str, title: str, why: str) -> CheckResult:

@@ -4,9 +4,12 @@ It is plugged in only in smoke mode (set by ``prudent preflight`` in the launch 
 steers the loop through ``run.wrap_batches``: in ``smoke`` mode a few batches per epoch (in the
 first epoch the rest of the data is scanned for non-finite values and its last batch is
 trained on too, so a smaller last batch is exercised); in ``overfit`` mode the first batch again
-and again. Per step it records the loss, the step time, the batch's structure and the peak
-memory; it notes which parameters ever got a gradient and what the model was fed in training
-and in evaluation. At the end it writes all of it as JSON for the preflight runner to judge.
+and again. A loop without ``run.batches`` (``run.steps``, batches drawn with ``torch.randint``)
+is shortened by ``run.step_limit``; in ``overfit`` mode its generators are rewound after every
+step instead (``overfit.FirstStepReplay``), so it draws its first batches again. Per step it
+records the loss, the step time, the batch's structure and the peak memory; it notes which
+parameters ever got a gradient and what the model was fed in training and in evaluation. At
+the end it writes all of it as JSON for the preflight runner to judge.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prudent.events import Component
 from prudent.launch import LaunchSpec, PreflightSpec
 from prudent.preflight import structure
+from prudent.preflight.overfit import FirstStepReplay, fingerprint
 from prudent.run import SMOKE_MAX_EPOCHS
 from prudent.stop import StopKind
 
@@ -102,6 +106,8 @@ class PreflightProbe(Component):
                          else self._smoke(run, it))
         if self.settings.mode == "smoke":  # an iteration loop (run.steps): as many steps as
             run.step_limit = SMOKE_MAX_EPOCHS * self.settings.steps  # two short epochs
+        else:  # a loop that draws its own batches repeats them by rewinding the generators
+            run.add_component(FirstStepReplay(self.record))
         self._write()  # the runner learns that the script called prudent.init()
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
@@ -141,6 +147,9 @@ class PreflightProbe(Component):
         if self.settings.mode == "overfit" and self._overfit_done(run.state.step, loss):
             run.request_stop(StopKind.PREFLIGHT, "preflight: the overfit-one-batch check is done")
 
+    def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
+        self.record["num_logs"] = self.record.get("num_logs", 0) + 1
+
     def on_epoch_end(self, run: RunContext, epoch: int) -> None:
         tail = time.perf_counter() - self._last_step_end if self._last_step_end else None
         self.record["epochs"].append({"epoch": epoch, "step": run.state.step, "tail_s": tail})
@@ -154,6 +163,7 @@ class PreflightProbe(Component):
         self.record.update(
             status=status, stop_reason=str(stop_reason) if stop_reason else None, ended_at=time.time(),
             num_epochs=state.num_epochs, batches_per_epoch=state.batches_per_epoch,
+            num_steps=state.num_steps, step_limit=run.step_limit,
             final_step=state.step, device=str(run.device),
             exception=_current_exception(), gradients=self._gradient_report(),
             step_s=_median([s["time_s"] for s in self.record["steps"][1:] if s["time_s"]]))
@@ -206,6 +216,7 @@ class PreflightProbe(Component):
                 and loss <= first / OVERFIT_FACTOR)
 
     def _overfit(self, run: RunContext, iterator: Iterator[Any]) -> Iterator[Any]:
+        self.record["loader_repeated"] = True
         first = next(iterator, None)
         if first is None:
             return
@@ -215,10 +226,13 @@ class PreflightProbe(Component):
     # recording ----------------------------------------------------------------------------
     def _record_step(self, run: RunContext, loss: float | None, now: float) -> None:
         state = run.state
-        started, self._batch_started = self._batch_started, None
+        # without run.batches a step is timed from the end of the one before: the whole iteration
+        started = self._batch_started or self._last_step_end
+        self._batch_started = None
         self.record["steps"].append({
             "step": state.step, "epoch": state.epoch, "index": state.batches_in_epoch - 1,
-            "loss": loss, "time_s": round(now - started, 6) if started else None})
+            "loss": loss, "time_s": round(now - started, 6) if started else None,
+            "rng": _rng_fingerprint()})
         pending = self.record["pending_batch"]
         if pending is not None:
             self._note_structure(pending["leaves"], state.step, state.epoch, pending["index"],
@@ -321,6 +335,17 @@ def _to_float(value: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError, RuntimeError):
         return None
+
+
+def _rng_fingerprint() -> str:
+    """The generators prudent checkpoints, as one short hash (the resume check compares them)."""
+    import hashlib
+
+    from prudent.rng import capture_rng
+
+    digest = hashlib.blake2b(digest_size=8)
+    fingerprint(capture_rng(), digest)
+    return digest.hexdigest()
 
 
 def _median(values: list[float]) -> float | None:

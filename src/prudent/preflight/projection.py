@@ -1,6 +1,7 @@
 """What the full run would take: time from the smoke run's measurements, cost from a price.
 
     hours = epochs x (batches per epoch x step time + per-epoch evaluation time) / speedup
+    hours = steps (the n of run.steps) x step time / speedup          (a loop without epochs)
     cost  = hours x price per hour (the catalog's for --instance, or --price-per-hour)
 
 Every number that is an assumption rather than a measurement is said so, in ``assumptions``:
@@ -29,6 +30,7 @@ class Projection:
     epoch_tail_s: float  # measured time per epoch outside the training steps (evaluation, ...)
     num_epochs: int | None
     batches_per_epoch: int | None
+    num_steps: int | None  # the n of run.steps(n), in a loop without epochs
     speedup: float
     hours: float | None
     price: Price | None
@@ -67,11 +69,15 @@ def project(record: dict[str, Any], *, speedup: float | None, price: Price | Non
     tail = tails[-1] if tails else 0.0  # the last epoch's: the first one's includes the data scan
     step_s, epochs, batches = record.get("step_s"), record.get("num_epochs"), record.get(
         "batches_per_epoch")
+    num_steps = record.get("num_steps") if epochs is None else None
     factor = speedup or 1.0
-    hours = (epochs * (batches * step_s + tail) / factor / 3600
-             if step_s and epochs and batches else None)
+    hours = None
+    if step_s and epochs and batches:
+        hours = epochs * (batches * step_s + tail) / factor / 3600
+    elif step_s and num_steps:
+        hours = num_steps * step_s / factor / 3600
     memory = record.get("memory", {})
-    return Projection(step_s, tail, epochs, batches, factor, hours, price,
+    return Projection(step_s, tail, epochs, batches, num_steps, factor, hours, price,
                       hours * price.usd_per_hour if hours is not None and price else None,
                       memory.get("peak_rss_bytes"), memory.get("cuda_max_allocated_bytes"),
                       _assumptions(record, speedup, price, device, len(tails)))
@@ -82,6 +88,13 @@ def _assumptions(record: dict[str, Any], speedup: float | None, price: Price | N
     steps = len(record.get("steps", []))
     said = [(f"step time: the median of {max(0, steps - 1)} smoke steps on {device}, with the "
              "script's batch size, data loading included")]
+    iterations = record.get("num_epochs") is None and record.get("num_steps")
+    if iterations:
+        said[0] = (f"step time: the median of {max(0, steps - 1)} smoke iterations on {device} "
+                   "(from one run.step to the next: drawing batches, every micro-step, the "
+                   "optimizer step), with the script's batch size")
+        said.append("evaluation between steps (run.log every so many steps) is not in the "
+                    "median: add its time per evaluation x the number of evaluations")
     if speedup is not None:
         said.append(f"the target is assumed {speedup:g}x faster than this {device} (--speedup)")
     elif device == "cpu":
@@ -91,7 +104,7 @@ def _assumptions(record: dict[str, Any], speedup: float | None, price: Price | N
     if num_tails:
         said.append("per-epoch evaluation and epoch-end work: as measured in the smoke run's "
                     "last epoch (the full validation loop runs in smoke mode)")
-    if not record.get("batches_per_epoch"):
+    if not iterations and not record.get("batches_per_epoch"):
         said.append("batches per epoch unknown (the loader has no len()): no time projected")
     said.append("no restarts, no preemptions, storage as fast as here")
     if price is None:

@@ -25,11 +25,16 @@ def projection_check(result: PreflightResult, projection: Projection | None) -> 
     measured = f"step {p.step_s * 1000:.1f} ms{memory}"
     if p.hours is None:
         return CheckResult("cost", title, "warn", f"{measured}; the full run's length is unknown",
-                           "give the loader a len() so preflight can count batches per epoch",
-                           _lines(p.assumptions))
+                           "give the loader a len() so preflight can count batches per epoch, "
+                           "or loop with run.steps(n)", _lines(p.assumptions))
     speed = f" / {p.speedup:g}" if p.speedup != 1 else ""
-    plan = (f"{p.num_epochs} epochs x {p.batches_per_epoch} batches x {p.step_s * 1000:.1f} ms "
-            f"+ {p.epoch_tail_s:.2f} s evaluation per epoch{speed} = {_duration(p.hours)}")
+    if p.num_epochs is None and p.num_steps:
+        plan = (f"{p.num_steps} steps x {p.step_s * 1000:.1f} ms{speed} = "
+                f"{_duration(p.hours)}")
+    else:
+        plan = (f"{p.num_epochs} epochs x {p.batches_per_epoch} batches x "
+                f"{p.step_s * 1000:.1f} ms + {p.epoch_tail_s:.2f} s evaluation per epoch{speed}"
+                f" = {_duration(p.hours)}")
     cost = ""
     if p.price is not None and p.cost_usd is not None:
         amount = f"${p.cost_usd:,.2f}" if p.cost_usd >= 0.01 else "under $0.01"
@@ -43,8 +48,8 @@ def verdict_ok(checks: list[CheckResult]) -> bool:
 
 
 def as_text(result: PreflightResult, checks: list[CheckResult]) -> str:
-    lines = [(f"preflight of {' '.join(result.command)} "
-              f"({result.steps} batches per epoch, {result.seconds:.1f} s)")]
+    lines = [f"preflight of {' '.join(result.command)} ({_shortened(result)}, "
+             f"{result.seconds:.1f} s)"]
     for check in checks:
         lines.append(f"  {_MARKS[check.status]}  {check.title}: {check.summary}")
         if check.fix and check.status in ("fail", "warn"):
@@ -73,6 +78,15 @@ def as_json(result: PreflightResult, checks: list[CheckResult],
                              "status": p.status, "timed_out": p.timed_out}
                       for name, p in result.phases.items()}}
     return json.dumps(document, indent=2)
+
+
+def _shortened(result: PreflightResult) -> str:
+    """How smoke mode shortened the loop: batches per epoch, or steps of run.steps."""
+    smoke = result.phases.get("smoke")
+    record = (smoke.record if smoke is not None else None) or {}
+    if record.get("num_epochs") is None and record.get("num_steps") is not None:
+        return f"{len(record.get('steps', []))} of {record['num_steps']} steps"
+    return f"{result.steps} batches per epoch"
 
 
 def _lines(items: list[str]) -> str:

@@ -128,7 +128,7 @@ class PreflightRunner:
         stop = self._start("stop", "resume", stop_at=guess)
         phases["smoke"] = self._finish(smoke)
         phases["stop"] = self._finish(stop)
-        result.stop_at = choose_stop_step(phases["smoke"])
+        result.stop_at = choose_stop_step(phases["smoke"], preferred=guess)
         if result.stop_at is not None and result.stop_at != guess:
             self._forget("resume")
             phases["stop"] = self._finish(self._start("stop", "resume", stop_at=result.stop_at))
@@ -207,15 +207,22 @@ class _Process:
     started: float
 
 
-def choose_stop_step(smoke: PhaseResult) -> int | None:
+def choose_stop_step(smoke: PhaseResult, preferred: int | None = None) -> int | None:
     """Where the resume check stops: mid-way through the second epoch (or the first).
 
     The first epoch's last batch follows a data scan, which the run's data position does not
-    count; stopping in the second epoch (or before the scan) keeps the resume exact.
+    count; stopping in the second epoch (or before the scan) keeps the resume exact. A loop
+    without epochs (run.steps) has no scan: any step but the last will do, ``preferred`` (the
+    step the stop process was started with) if it is one.
     """
     if smoke.status != "completed":
         return None
-    steps = smoke.record["steps"]  # type: ignore[index]
+    record = smoke.record or {}
+    steps = record["steps"]
+    if record.get("num_epochs") is None and not record.get("batches"):
+        if preferred is not None and 1 <= preferred < len(steps):
+            return preferred
+        return len(steps) // 2 if len(steps) >= 2 else None
     first = [s for s in steps if s["epoch"] == 0]
     second = [s for s in steps if s["epoch"] == 1]
     if second:
