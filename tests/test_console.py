@@ -68,3 +68,30 @@ def test_rich_mode_draws_a_bar_and_stops_it(settings: ProjectSettings) -> None:
             for _ in run.batches(range(3)):
                 run.step(loss=0.5)
     assert reporter._progress is None and "completed after" in out.getvalue()
+
+
+def test_the_status_line_of_an_iteration_loop_counts_steps_of_run_steps(
+        settings: ProjectSettings) -> None:
+    out = NotATerminal()
+    reporter = ConsoleReporter(ConsoleSettings(mode="plain", interval_s=1e-6), stream=out)
+    run = prudent.init(name="console", settings=settings, exit_on_stop=False,
+                       components=[reporter])
+    with run:
+        for _ in run.steps(50):
+            run.step(loss=0.5)
+    status = [line for line in out.getvalue().splitlines() if "steps/s" in line]
+    assert status and all("epoch" not in line for line in status)
+    assert any(" | step 50/50 | " in line and " | eta " in line for line in status)
+
+
+def test_the_status_line_of_a_loop_of_its_own_counts_bare_steps(settings: ProjectSettings) -> None:
+    out = NotATerminal()
+    reporter = ConsoleReporter(ConsoleSettings(mode="plain", interval_s=1e-6), stream=out)
+    run = prudent.init(name="console", settings=settings, exit_on_stop=False,
+                       components=[reporter])
+    with run:
+        for _ in range(5):
+            run.step(loss=0.5)
+    status = [line for line in out.getvalue().splitlines() if "steps/s" in line]
+    assert status and all("epoch" not in line and " | eta " not in line for line in status)
+    assert f"prudent | {run.id} | step 5 | " in status[-1]

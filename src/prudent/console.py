@@ -1,8 +1,9 @@
 """ConsoleReporter: what a person watching the run sees.
 
-On a terminal, a rich progress bar (epoch, step, steps/s, last loss, ETA); when output goes to a
-file or a pipe (CI, a cluster log), one plain line every ``interval_s`` seconds and at every
-``run.log``. It reads floats the store writer already converted, so it never syncs a device.
+On a terminal, a rich progress bar (epoch and step, or step of ``run.steps(n)`` in a loop
+without epochs; steps/s, last loss, ETA); when output goes to a file or a pipe (CI, a cluster
+log), one plain line every ``interval_s`` seconds and at every ``run.log``. It reads floats
+the store writer already converted, so it never syncs a device.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from prudent.context import RunContext
+    from prudent.state import RunState
     from prudent.stop import StopReason
 
 __all__ = ["ConsoleReporter", "ConsoleSettings"]
@@ -95,9 +97,7 @@ class ConsoleReporter(Component):
         return f"prudent | {run.id} | " + " | ".join(self._fields(run))
 
     def _fields(self, run: RunContext) -> list[str]:
-        state = run.state
-        epochs = f"/{state.num_epochs}" if state.num_epochs else ""
-        fields = [f"epoch {state.epoch + 1}{epochs}", f"step {state.step}"]
+        fields = _position(run.state)
         rate = self._rate.per_s
         if rate:
             fields.append(f"{rate:.1f} steps/s")
@@ -112,21 +112,15 @@ class ConsoleReporter(Component):
 
     @staticmethod
     def _eta_s(run: RunContext, rate: float | None) -> float | None:
-        state = run.state
-        if not (rate and state.num_epochs and state.batches_per_epoch):
-            return None
-        done = state.epoch * state.batches_per_epoch + state.batches_in_epoch
-        return max(0, state.num_epochs * state.batches_per_epoch - done) / rate
+        total, done = _progress(run.state)
+        return max(0, total - done) / rate if rate and total else None
 
     def _update_bar(self, run: RunContext) -> None:
         if self._progress is None:
             self._start_bar(run)
         assert self._progress is not None
-        state = run.state
-        total = state.num_epochs * state.batches_per_epoch if (
-            state.num_epochs and state.batches_per_epoch) else None
-        done = state.epoch * (state.batches_per_epoch or 0) + state.batches_in_epoch
-        self._progress.update(self._task, total=total, completed=done if total else state.step,
+        total, done = _progress(run.state)
+        self._progress.update(self._task, total=total, completed=done,
                               info=" | ".join(self._fields(run)))
 
     def _start_bar(self, run: RunContext) -> None:
@@ -138,6 +132,26 @@ class ConsoleReporter(Component):
                                   console=Console(file=self.stream), transient=False)
         self._task = self._progress.add_task(run.id, total=None, info="")
         self._progress.start()
+
+
+def _position(state: RunState) -> list[str]:
+    """``epoch 2/10``, ``step 412`` where the loop has epochs; ``step 412/5000`` (of
+    ``run.steps(5000)``) or ``step 412`` where it has none."""
+    if state.num_epochs is not None:
+        epochs = f"/{state.num_epochs}" if state.num_epochs else ""
+        return [f"epoch {state.epoch + 1}{epochs}", f"step {state.step}"]
+    total = f"/{state.num_steps}" if state.num_steps else ""
+    return [f"step {state.step}{total}"]
+
+
+def _progress(state: RunState) -> tuple[int | None, int]:
+    """Steps (or batches) to do in all, if known, and done so far."""
+    if state.num_epochs is None:
+        return state.num_steps or None, state.step
+    if not (state.num_epochs and state.batches_per_epoch):
+        return None, state.step
+    done = state.epoch * state.batches_per_epoch + state.batches_in_epoch
+    return state.num_epochs * state.batches_per_epoch, done
 
 
 class _Rate:
