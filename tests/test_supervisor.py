@@ -1,12 +1,17 @@
 from __future__ import annotations
 
 import signal
+import sys
+import time
 
 import pytest
 
 from prudent.config import ProjectSettings
 from prudent.errors import ConfigError
+from prudent.store import Store
 from prudent.supervisor import Supervisor, _verdict
+
+EXIT_2 = [sys.executable, "-c", "import sys; sys.exit(2)"]
 
 
 @pytest.mark.parametrize(("code", "relaunch"), [
@@ -40,3 +45,29 @@ def test_bad_arguments_are_config_errors(settings: ProjectSettings) -> None:
         Supervisor(["true"], settings, max_restarts=-1)
     with pytest.raises(ConfigError, match="no command to run"):
         Supervisor([], settings)
+
+
+def test_a_child_refused_before_it_started_leaves_no_run(settings: ProjectSettings) -> None:
+    assert Supervisor(EXIT_2, settings, run_id="typo", max_restarts=2).run() == 2
+    store = Store.open(settings.store)
+    try:
+        assert store.get_run("typo") is None and store.list_runs() == []
+    finally:
+        store.close()
+
+
+def test_a_bad_input_exit_of_a_run_that_existed_or_recorded_something_is_kept(
+        settings: ProjectSettings) -> None:
+    store = Store.open(settings.store)
+    try:
+        store.create_run("older", "train")
+        assert Supervisor(EXIT_2, settings, run_id="older").run() == 2  # a relaunch: kept
+        assert store.get_run("older")["status"] == "failed"
+        supervisor = Supervisor(EXIT_2, settings, run_id="started")
+        assert supervisor._register(store) is True
+        store.add_events([{"run_id": "started", "step": 0, "kind": "lifecycle", "name": "start",
+                           "message": "", "payload": "{}", "wall": time.time()}])
+        assert not supervisor._refused(store, 2)  # its prudent.init got that far: a real run
+        assert not Supervisor(EXIT_2, settings, run_id="new")._refused(store, 1)
+    finally:
+        store.close()

@@ -2,9 +2,11 @@
 
 The child learns its run id, settings and ``--set`` overrides from its launch spec
 (``launch.py``), so the script is unchanged. Output is inherited (a terminal stays a terminal,
-so progress bars work). SIGINT/SIGTERM/SIGHUP reach the child once each; a third signal kills it. If the child
-dies without closing its record (SIGKILL, OOM, a crash before ``prudent.init``), the
-supervisor closes it from the exit status, so ``prudent show`` never lies with "running".
+so progress bars work). SIGINT/SIGTERM/SIGHUP reach the child once each; a third signal kills
+it. If the child dies without closing its record (SIGKILL, OOM, a crash before
+``prudent.init``), the supervisor closes it from the exit status, so ``prudent show`` never lies
+with "running". A child refused before it started (exit code 2 before ``prudent.init``
+recorded anything: a mistyped ``--set`` key) leaves no run at all.
 """
 
 from __future__ import annotations
@@ -74,10 +76,13 @@ class Supervisor:
             store.close()
 
     def _supervise(self, store: Store) -> int:
-        self._register(store)
+        created = self._register(store)
         attempt = 0
         while True:
             code = self._launch_and_wait()
+            if created and attempt == 0 and self._refused(store, code):
+                store.delete_run(self.run_id)  # nothing ran: no run to list
+                return code
             self._close_record(store, code)
             if not self._should_relaunch(code, attempt, store.get_run(self.run_id)):
                 return code if code >= 0 else 128 - code
@@ -112,13 +117,24 @@ class Supervisor:
         while time.monotonic() < deadline and not self.signals_seen:
             time.sleep(min(0.1, delay))
 
-    def _register(self, store: Store) -> None:
+    def _register(self, store: Store) -> bool:
+        """Create the run's record (True), or count a restart of an existing one (False)."""
         if store.get_run(self.run_id) is None:
             store.create_run(self.run_id, self.name or _guess(self.command),
                              command=shlex.join(self.command), host=socket.gethostname())
-        else:
-            store.count_restart(self.run_id)
-            _event(store, self.run_id, "relaunch", "prudent run continues this run")
+            return True
+        store.count_restart(self.run_id)
+        _event(store, self.run_id, "relaunch", "prudent run continues this run")
+        return False
+
+    def _refused(self, store: Store, code: int) -> bool:
+        """The child exited with bad input (a rejected --set, a bad setting) before its
+        ``prudent.init`` recorded anything: the record this supervisor made holds no run."""
+        if code != ExitCode.BAD_INPUT:
+            return False
+        run = store.get_run(self.run_id)
+        return (run is not None and run["status"] == "running" and not run["step"]
+                and not store.events(self.run_id) and not store.count_metrics(self.run_id))
 
     def child_spec(self) -> LaunchSpec:
         """What the child is told: ``spec`` with this run, its overrides and its store."""
