@@ -24,7 +24,10 @@ from prudent.launch import LaunchSpec
 
 __all__ = ["FORWARDED_SIGNALS", "SignalForwarder", "child_environ", "die_with_parent", "spawn"]
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGUSR1: SLURM's warning ahead of the time limit (--signal=B:USR1@120); left unhandled it
+# would kill the supervisor and orphan the child in the middle of its save
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP,
+                     *((signal.SIGUSR1,) if hasattr(signal, "SIGUSR1") else ()))
 _KILL_AT = 3  # the third signal kills: a child that ignores two requests is stuck
 
 
