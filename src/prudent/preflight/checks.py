@@ -4,43 +4,32 @@ Each check returns a :class:`CheckResult` with a status (``pass``, ``warn``, ``f
 ``skip``), one line saying what was seen (with the numbers), a fix when something is wrong,
 and optional detail (a trimmed traceback, parameter names). A check that depends on a process
 that crashed for a reason another check already reports says ``skip``, so one bug fails the
-check that names it rather than every check downstream of it.
+check that names it rather than every check downstream of it. The batch check and the resume
+check live in their own modules (``batch_check``, ``resume_check``); what all checks share is in
+``result``.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from prudent.preflight import structure
+from prudent.preflight.batch_check import check_batches
 from prudent.preflight.probe import OVERFIT_FACTOR
+from prudent.preflight.result import (
+    CheckResult,
+    exception_of,
+    script_name,
+    short,
+    skip,
+    stale_parameters,
+)
+from prudent.preflight.resume_check import check_resume
 from prudent.preflight.runner import PhaseResult, PreflightResult
 from prudent.preflight.tracebacks import format_frames, parse_stderr, user_frames
 
-__all__ = ["CHECKS", "CheckResult", "run_checks", "script_name"]
-
-_DTYPE_ERROR = re.compile(r"dtype|scalar type|expected .*(Float|Double|Half|Long|Int)|"
-                          r"found (Float|Double|Half|Long|Int)", re.IGNORECASE)
-
-
-@dataclass
-class CheckResult:
-    id: str
-    title: str
-    status: str  # pass | warn | fail | skip
-    summary: str
-    fix: str = ""
-    detail: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def script_name(command: list[str]) -> str:
-    scripts = [a for a in command if a.endswith(".py")]
-    return scripts[0].rsplit("/", 1)[-1] if scripts else command[0]
+__all__ = ["CHECKS", "CheckResult", "check_batches", "check_finite", "check_gradients",
+           "check_overfit", "check_resume", "check_runs", "run_checks", "script_name"]
 
 
 def run_checks(result: PreflightResult) -> list[CheckResult]:
@@ -72,9 +61,9 @@ def check_runs(result: PreflightResult) -> CheckResult:
                            "see the other checks; a stop by a budget or policy comes from your "
                            "prudent.yaml")
     if smoke.returncode != 0 and record["status"] == "completed":
-        exc = parse_stderr(smoke.stderr) or _exception(smoke)
+        exc = parse_stderr(smoke.stderr) or exception_of(smoke)
         return CheckResult("runs", title, "fail", f"training completed, then {name} crashed "
-                           f"after the `with run:` block: {exc['type']}: {_short(exc['message'])}",
+                           f"after the `with run:` block: {exc['type']}: {short(exc['message'])}",
                            "the code after training (saving the final model, a report) runs "
                            "only once, at the very end of the cloud run: fix it now",
                            format_frames(exc))
@@ -123,21 +112,15 @@ _INIT_FIX = ("add `run = prudent.init(config=...)`, `run.attach(model=..., optim
 
 
 def _crashed(title: str, phase: PhaseResult, name: str) -> CheckResult:
-    exc = _exception(phase)
+    exc = exception_of(phase)
     record = phase.record or {}
     where = _where(record)
     frames = user_frames(exc.get("frames", []))
     fix = (f"fix {frames[-1]['file'].rsplit('/', 1)[-1]} line {frames[-1]['line']} "
            f"({frames[-1]['function']})" if frames else "fix the error below")
     return CheckResult("runs", title, "fail", f"{name} crashed {where}: {exc['type']}: "
-                       f"{_short(exc['message'])}", fix + "; in the cloud this would have "
+                       f"{short(exc['message'])}", fix + "; in the cloud this would have "
                        "failed after paying for everything before it", format_frames(exc))
-
-
-def _exception(phase: PhaseResult) -> dict[str, Any]:
-    record = phase.record or {}
-    return (record.get("exception") or parse_stderr(phase.stderr)
-            or {"type": "Error", "message": f"exit code {phase.returncode}", "frames": []})
 
 
 def _where(record: dict[str, Any]) -> str:
@@ -163,7 +146,7 @@ def check_finite(result: PreflightResult) -> CheckResult:
     smoke = result.phases["smoke"]
     record = smoke.record
     if record is None or not record["steps"]:
-        return _skip("finite", title, "no step ran")
+        return skip("finite", title, "no step ran")
     bad_data = record["scan"]["nonfinite"]
     steps = record["steps"]
     first_bad = next((s for s in steps if s["loss"] is not None and not math.isfinite(s["loss"])),
@@ -214,10 +197,10 @@ def check_gradients(result: PreflightResult) -> CheckResult:
     title = "gradients reach every parameter"
     record = result.phases["smoke"].record
     if record is None or not record["steps"]:
-        return _skip("gradients", title, "no step ran")
+        return skip("gradients", title, "no step ran")
     grads = record["gradients"]
     if not grads.get("watched"):
-        return _skip("gradients", title, "no nn.Module attached: run.attach(model=model)")
+        return skip("gradients", title, "no nn.Module attached: run.attach(model=model)")
     if grads["never"]:
         return CheckResult("gradients", title, "fail", f"{len(grads['never'])} of "
                            f"{grads['num_trainable']} trainable parameters never got a (non-zero) "
@@ -249,14 +232,14 @@ def check_overfit(result: PreflightResult) -> CheckResult:
     title = "overfits one batch"
     phase, smoke = result.phases.get("overfit"), result.phases["smoke"]
     if phase is None or phase.record is None:
-        return _skip("overfit", title, "the script did not reach prudent.init()")
+        return skip("overfit", title, "the script did not reach prudent.init()")
     losses = [s["loss"] for s in phase.record["steps"]]
     if phase.record["status"] == "failed" or not losses:
         if smoke.status == "failed":
-            return _skip("overfit", title, "blocked by the crash reported above")
+            return skip("overfit", title, "blocked by the crash reported above")
         return CheckResult("overfit", title, "fail", f"the overfit run crashed: "
-                           f"{_exception(phase)['type']}", "fix the error below",
-                           format_frames(_exception(phase)))
+                           f"{exception_of(phase)['type']}", "fix the error below",
+                           format_frames(exception_of(phase)))
     if any(v is None for v in losses):
         return CheckResult("overfit", title, "warn", "no loss was seen", "pass the loss to "
                            "run.backward(loss) or run.step(loss=loss)")
@@ -264,10 +247,10 @@ def check_overfit(result: PreflightResult) -> CheckResult:
     if _drew_its_own(phase.record):
         why_not, losses = _replayed(phase.record, losses)
         if why_not:
-            return _skip("overfit", title, why_not)
+            return skip("overfit", title, why_not)
         what = "the first step's batches, drawn again every step (generators rewound)"
     judged = _judge_overfit(title, losses, what)
-    stale = _stale(result)
+    stale = stale_parameters(result)
     if stale:
         judged.status, judged.fix = "fail", _STALE_FIX
         judged.summary += (f"; gradients pile up: after optimizer.step() a new backward added onto "
@@ -300,11 +283,6 @@ def _replayed(record: dict[str, Any], losses: list[float]) -> tuple[str, list[fl
     return "", losses if inputs[0] == inputs[1] else losses[1:]
 
 
-def _stale(result: PreflightResult) -> list[str]:
-    records = [p.record for p in result.phases.values() if p.record is not None]
-    return sorted({n for r in records for n in r.get("gradients", {}).get("stale", [])})
-
-
 def _judge_overfit(title: str, losses: list[float],
                    what: str = "one repeated batch") -> CheckResult:
     first, n = losses[0], len(losses)
@@ -328,222 +306,6 @@ def _judge_overfit(title: str, losses: list[float],
 
 def _ratio(first: float, end: float) -> str:
     return f"{first / end:.1f}x" if end > 0 else "to 0"
-
-
-# batch shapes and dtypes ----------------------------------------------------------------------
-def check_batches(result: PreflightResult) -> CheckResult:
-    title = "batch shapes and dtypes are consistent"
-    smoke = result.phases["smoke"]
-    record = smoke.record
-    if record is None:
-        return _skip("batches", title, "the script did not reach prudent.init()")
-    seen = record["batches"]
-    if not seen:
-        return _model_inputs_only(title, record)
-    reference = seen[0]["leaves"]
-    crash = _batch_crash(record, smoke, reference)
-    if crash is not None:
-        return crash
-    problems, notes = _compare_batches(seen, reference)
-    problems += _model_inputs(record.get("model_inputs", {}))
-    if not problems and record["status"] == "failed" and _DTYPE_ERROR.search(
-            _exception(smoke)["message"]):
-        problems.append(f"the run crashed on a dtype mismatch: {_exception(smoke)['message']}")
-    if problems:
-        return CheckResult("batches", title, "fail", "; ".join(problems[:4]), "make every batch "
-                           "(training and validation) the same dtypes as the first: convert "
-                           "once when building the dataset (x.float(), y.long())")
-    size = structure.batch_size(reference)
-    return CheckResult("batches", title, "pass", f"{sum(e['count'] for e in seen)} batches "
-                       f"like the first ({structure.describe(reference)})"
-                       + (f"; {'; '.join(notes)}" if notes else "") + f" [batch size {size}]")
-
-
-def _batch_crash(record: dict[str, Any], smoke: PhaseResult,
-                 reference: list[structure.Leaf]) -> CheckResult | None:
-    """The run crashed on a batch whose size differs from the first one's."""
-    pending = record.get("pending_batch")
-    if record["status"] != "failed" or pending is None:
-        return None
-    size, usual = structure.batch_size(pending["leaves"]), structure.batch_size(reference)
-    if size == usual or pending["leaves"] == reference:
-        return None
-    which = "the epoch's last, smaller batch" if pending.get("last_of_epoch") else "a batch"
-    exc = _exception(smoke)
-    return CheckResult("batches", title_of("batches"), "fail",
-                       f"the run crashed on {which} ({size} samples, the others {usual}): "
-                       f"{exc['type']}: {_short(exc['message'])}",
-                       "code assumes a fixed batch size (e.g. view(BATCH_SIZE, ...)): use "
-                       "x.shape[0] or -1, or DataLoader(..., drop_last=True)", format_frames(exc))
-
-
-def _compare_batches(seen: list[dict[str, Any]],
-                     reference: list[structure.Leaf]) -> tuple[list[str], list[str]]:
-    problems, notes = [], []
-    usual = structure.batch_size(reference)
-    for entry in seen[1:]:
-        where = f"batch {entry['index'] + 1} of epoch {entry['epoch'] + 1}"
-        differences = structure.compare(reference, entry["leaves"])
-        if differences:
-            problems.append(f"{where}: {', '.join(differences)}")
-        elif entry.get("last_of_epoch"):
-            notes.append(f"the last batch has {structure.batch_size(entry['leaves'])} samples "
-                         f"(the others {usual}) and trained fine")
-    return problems, notes
-
-
-def _model_inputs_only(title: str, record: dict[str, Any]) -> CheckResult:
-    """A loop without run.batches: judge what the attached model was fed instead."""
-    inputs = record.get("model_inputs", {})
-    trained = [(key, modes["train"]) for key, modes in inputs.items() if modes.get("train")]
-    if not trained:
-        return _skip("batches", title, "no batch was loaded through run.batches() and no "
-                     "attached model was fed in training: nothing to compare")
-    problems = _model_inputs(inputs)
-    if problems:
-        return CheckResult("batches", title, "fail", "; ".join(problems[:4]), "make the "
-                           "validation batches the same dtypes as the training ones")
-    key, signatures = trained[0]
-    evaluated = " and in evaluation" if inputs[key].get("eval") else ""
-    varied = (f"; {len(signatures)} input structures in training" if len(signatures) > 1
-              else "")
-    return CheckResult("batches", title, "pass", "the loop draws its own batches (no "
-                       f"run.batches): {key} was fed {structure.describe(signatures[0])} in "
-                       f"training{evaluated}, the same dtypes{varied}")
-
-
-def _model_inputs(inputs: dict[str, dict[str, list[Any]]]) -> list[str]:
-    """The model fed other dtypes in evaluation than in training."""
-    problems = []
-    for key, modes in inputs.items():
-        train, evaluation = modes.get("train", []), modes.get("eval", [])
-        if not train or not evaluation:
-            continue
-        for leaves in evaluation:
-            dtypes = _dtype_changes(train[0], leaves)
-            if dtypes:
-                problems.append(f"in evaluation (model.eval()) {key} got {dtypes}: the "
-                                "validation data has another dtype than the training data")
-    return problems
-
-
-def _dtype_changes(train: list[Any], evaluation: list[Any]) -> str:
-    ref = {tuple(p) if isinstance(p, list) else p: t for p, _, t in train}
-    return ", ".join(f"{p} as {t}, in training {ref[p]}" for p, _, t in evaluation
-                     if p in ref and ref[p] != t)
-
-
-# checkpoint round trip and exact resume -------------------------------------------------------
-def check_resume(result: PreflightResult) -> CheckResult:
-    title = "checkpoint round trip and exact resume"
-    stop, resume = result.phases.get("stop"), result.phases.get("resume")
-    if stop is None:
-        return _skip("resume", title, "blocked: the smoke run did not complete"
-                     if result.phases["smoke"].record else "the script never ran")
-    if stop.status != "stopped":
-        return CheckResult("resume", title, "fail", f"the run to be interrupted at step "
-                           f"{result.stop_at} did not stop cleanly ({stop.status or 'no record'}, "
-                           f"exit code {stop.returncode})", "see the error below",
-                           format_frames(_exception(stop)))
-    if resume is None or resume.record is None or resume.status == "failed":
-        return _resume_crashed(title, result, resume)
-    if _stale(result):
-        return _skip("resume", title, "gradients carry over from step to step (see 'overfits "
-                     "one batch'): they are not in a checkpoint, so no resume can be exact")
-    if any(not _finite(v) for v in result.phases["smoke"].losses.values()):
-        return _skip("resume", title, "blocked by the non-finite losses reported above")
-    return _compare_resumed(title, result, stop, resume)
-
-
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
-
-
-def _same(a: float | None, b: float | None) -> bool:
-    """Bit-for-bit equal losses (two NaNs count as equal: the same computation gave both)."""
-    return a == b or (a is not None and b is not None and math.isnan(a) and math.isnan(b))
-
-
-def _resume_crashed(title: str, result: PreflightResult, resume: PhaseResult | None) -> CheckResult:
-    exc = _exception(resume) if resume is not None else {"type": "Error", "message": "not run",
-                                                         "frames": []}
-    return CheckResult("resume", title, "fail", f"stopped at step {result.stop_at} with a "
-                       f"checkpoint; the process that resumed from it crashed: {exc['type']}: "
-                       f"{_short(exc['message'])}", "the checkpoint cannot be restored: its "
-                       "keys must match what the script builds on resume (no state key that "
-                       "depends on whether the run resumed); fix the error below",
-                       format_frames(exc))
-
-
-def _compare_resumed(title: str, result: PreflightResult, stop: PhaseResult,
-                     resume: PhaseResult) -> CheckResult:
-    reference, k = result.phases["smoke"].losses, result.stop_at or 0
-    before = [s for s, v in stop.losses.items() if not _same(reference.get(s), v)]
-    if before:
-        return CheckResult("resume", title, "warn", f"two identical runs already differ at step "
-                           f"{before[0]} ({stop.losses[before[0]]!r} vs {reference.get(before[0])!r}), "
-                           "before any restart: exact resume cannot be checked",
-                           "seed every source of randomness (torch.manual_seed, numpy, random, "
-                           "the DataLoader's generator)")
-    resumed = resume.losses
-    if not resumed or min(resumed) != k + 1:
-        first = min(resumed) if resumed else None
-        return CheckResult("resume", title, "fail", f"stopped at step {k} with a checkpoint, but "
-                           f"the new process started at step {first}: it did not resume",
-                           "attach every object with run.attach(...) before the loop, and loop "
-                           "with run.epochs()/run.batches() or run.steps(n) so prudent can "
-                           "reposition it")
-    mismatch = [s for s in sorted(resumed) if not _same(reference.get(s), resumed[s])]
-    if mismatch:
-        s = mismatch[0]
-        seen = (f"stopped at step {k}, resumed in a new process: the loss at step {s} is "
-                f"{resumed[s]!r}, the uninterrupted run had {reference.get(s)!r}")
-        rng = _rng_differs(result.phases["smoke"], resume, k)
-        if rng is not None:
-            return CheckResult("resume", title, "fail", f"{seen}; the random generators "
-                               f"already differed after step {rng}", _RNG_FIX)
-        return CheckResult("resume", title, "fail", seen, "some state is not in the "
-                           "checkpoint: attach every stateful object (scheduler, GradScaler, "
-                           "your own counters) with run.attach(...), and draw randomness from "
-                           "torch's generators")
-    return CheckResult("resume", title, "pass", f"stopped at step {k} (as if preempted), a new "
-                       f"process resumed: its {len(resumed)} losses equal the uninterrupted "
-                       f"run's bit for bit, starting with step {k + 1}")
-
-
-_RNG_FIX = ("the resumed run draws other random numbers than the uninterrupted one: prudent "
-            "restores Python's, NumPy's and torch's global generators when run.attach, "
-            "run.steps or run.batches starts, so draw batches and dropout from those (a "
-            "torch.Generator or np.random.default_rng of your own is not in the checkpoint: "
-            "seed it from run.state.step), and draw nothing random before the loop only on "
-            "a fresh start")
-
-
-def _rng_differs(reference: PhaseResult, resume: PhaseResult, k: int) -> int | None:
-    """The first step after ``k`` whose generators (hashed by the probe) differ, if any."""
-    ref = {s["step"]: s.get("rng") for s in (reference.record or {}).get("steps", [])}
-    for entry in (resume.record or {}).get("steps", []):
-        step, rng = entry["step"], entry.get("rng")
-        if step > k and rng is not None and ref.get(step) is not None and rng != ref[step]:
-            return step
-    return None
-
-
-def _skip(check_id: str, title: str, why: str) -> CheckResult:
-    return CheckResult(check_id, title, "skip", why)
-
-
-def _short(message: str, limit: int = 200) -> str:
-    first = message.strip().splitlines()[0] if message.strip() else ""
-    return first if len(first) <= limit else first[:limit] + "..."
-
-
-_TITLES = {"batches": "batch shapes and dtypes are consistent",
-           "cost": "step time, peak memory, projected time and cost"}
-
-
-def title_of(check_id: str) -> str:
-    return _TITLES[check_id]
 
 
 CHECKS = [check_runs, check_finite, check_gradients, check_overfit, check_batches, check_resume]

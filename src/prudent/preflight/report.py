@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prudent.preflight.checks import CheckResult, script_name, title_of
 from prudent.preflight.projection import Projection
+from prudent.preflight.result import CheckResult, script_name, title_of
 from prudent.preflight.runner import PreflightResult
 
 __all__ = ["as_json", "as_text", "projection_check", "verdict_ok"]
