@@ -293,3 +293,31 @@ def test_server_restart_is_survived_by_an_open_store(postgres: PostgresServer,
     store.update_run("r1", status="completed")  # the pool's dead connections are replaced
     assert (store.get_run("r1") or {})["status"] == "completed"
     store.close()
+
+
+def test_a_write_waits_for_a_server_that_comes_back(postgres: PostgresServer,
+                                                    pg_url: str) -> None:
+    store = Store(pg_url)
+    store.create_run("r1", "one")
+    postgres.stop()
+    timer = threading.Timer(1.5, postgres.start)
+    timer.start()
+    try:
+        store.update_run("r1", status="completed")  # the end of a run, during a restart
+    finally:
+        timer.join()
+    assert (store.get_run("r1") or {})["status"] == "completed"
+    store.close()
+
+
+def test_a_write_gives_up_when_the_server_stays_away(postgres: PostgresServer,
+                                                     pg_url: str) -> None:
+    store = Store(pg_url)
+    store.unreachable_wait_s = 0.5
+    postgres.stop()
+    try:
+        with pytest.raises(OperationalError, match="refused"):
+            store.update_run("r1", status="completed")
+    finally:
+        postgres.start()
+    store.close()

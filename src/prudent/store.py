@@ -131,19 +131,25 @@ _MIGRATION_LOCK = 0x70727564  # PostgreSQL advisory lock: one process migrates a
 T = TypeVar("T")
 
 
-def _retry(fn: Callable[[], T], attempts: int = 40) -> T:
-    """SQLite says 'database is locked' under contention, and a pooled PostgreSQL connection
-    dies with its server: wait and try again (a dead connection twice, on a fresh one)."""
-    for attempt in range(attempts):
+def _retry(fn: Callable[[], T], attempts: int = 40, wait_s: float = 0.0) -> T:
+    """SQLite says 'database is locked' under contention: wait and try again. A server that
+    does not answer (restarting, a network cut) is tried again for ``wait_s``, and a pooled
+    connection that died with its server twice, on a fresh one."""
+    deadline = time.monotonic() + wait_s
+    for attempt in range(1, 10**6):
         try:
             return fn()
         except DBAPIError as exc:
             reason = str(exc.orig)  # not str(exc): the statement's values could say "locked"
             locked = isinstance(exc, OperationalError) and ("locked" in reason or "busy" in reason)
-            if not (locked or exc.connection_invalidated and attempt < 2) \
-                    or attempt == attempts - 1:
+            away = isinstance(exc, (OperationalError, InterfaceError)) or exc.connection_invalidated
+            if locked and attempt < attempts:
+                delay = min(0.5, 0.01 * 2 ** attempt)
+            elif away and not locked and (attempt < 3 or time.monotonic() < deadline):
+                delay = min(1.0, 0.05 * 2 ** attempt)
+            else:
                 raise
-            time.sleep(min(0.5, 0.01 * 2 ** attempt) * (0.5 + random.random()))
+            time.sleep(delay * (0.5 + random.random()))
     raise AssertionError("unreachable")
 
 
@@ -195,6 +201,9 @@ class Store:
         self.url = mask_url(url)  # for messages; the password stays in the engine only
         self.engine = self._create_engine(database_url(url))
         self._writer_engine = self.engine.execution_options(prudent_write=True)
+        # How long a call waits for a server that went away before it raises: long enough
+        # for a restart or a failover, so the end of a run is still recorded.
+        self.unreachable_wait_s = 0.0 if self.engine.dialect.name == "sqlite" else 30.0
         try:
             _retry(self._migrate)
         except (DBAPIError, OSError) as exc:
@@ -267,8 +276,7 @@ class Store:
         return int(row[0]) if row else 0
 
     def schema_version(self) -> int:
-        with self.engine.connect() as conn:
-            return self._version(conn)
+        return self._read(self._version)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -280,7 +288,7 @@ class Store:
                   "restarts": 0, "cost_usd": 0.0, **fields}
         values["config"] = json.dumps(_masked(values.get("config") or {}), default=str)
         try:
-            _retry(lambda: self._execute(runs.insert().values(**values)))
+            self._retry(lambda: self._execute(runs.insert().values(**values)))
         except IntegrityError:
             if self.get_run(run_id) is None:
                 raise
@@ -291,37 +299,35 @@ class Store:
         if "config" in fields:
             fields["config"] = json.dumps(_masked(fields["config"]), default=str)
         stmt = runs.update().where(runs.c.id == run_id).values(**fields)
-        _retry(lambda: self._execute(stmt))
+        self._retry(lambda: self._execute(stmt))
 
     def count_restart(self, run_id: str) -> None:
         stmt = runs.update().where(runs.c.id == run_id).values(
             restarts=runs.c.restarts + 1, status="running", stop_reason=None, ended_at=None,
             exit_code=None)
-        _retry(lambda: self._execute(stmt))
+        self._retry(lambda: self._execute(stmt))
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(runs).where(runs.c.id == run_id)).mappings().first()
+        stmt = sa.select(runs).where(runs.c.id == run_id)
+        row = self._read(lambda conn: conn.execute(stmt).mappings().first())
         return _run_dict(row) if row else None
 
     def list_runs(self, limit: int | None = None) -> list[dict[str, Any]]:
         stmt = sa.select(runs).order_by(runs.c.started_at.desc()).limit(limit)
-        with self.engine.connect() as conn:
-            return [_run_dict(row) for row in conn.execute(stmt).mappings()]
+        return [_run_dict(row) for row in self._read(lambda c: c.execute(stmt).mappings().all())]
 
     def find_run_ids(self, prefix: str) -> list[str]:
         stmt = sa.select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True))
-        with self.engine.connect() as conn:
-            return [row[0] for row in conn.execute(stmt)]
+        return [row[0] for row in self._read(lambda conn: conn.execute(stmt).all())]
 
     # metrics and events -------------------------------------------------------------------
     def add_metrics(self, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
-            _retry(lambda: self._execute(metrics.insert(), list(rows)))
+            self._retry(lambda: self._execute(metrics.insert(), list(rows)))
 
     def add_events(self, rows: Sequence[dict[str, Any]]) -> None:
         if rows:
-            _retry(lambda: self._execute(events.insert(), [_masked_event(r) for r in rows]))
+            self._retry(lambda: self._execute(events.insert(), [_masked_event(r) for r in rows]))
 
     def add_records(self, metric_rows: Sequence[dict[str, Any]],
                     event_rows: Sequence[dict[str, Any]]) -> None:
@@ -341,28 +347,34 @@ class Store:
                   .where(metrics.c.run_id == run_id).group_by(metrics.c.name).subquery())
         stmt = (sa.select(metrics.c.name, metrics.c.value)
                 .join(newest, metrics.c.id == newest.c.id).order_by(metrics.c.name))
-        with self.engine.connect() as conn:
-            return dict(conn.execute(stmt).all())
+        return dict(self._read(lambda conn: conn.execute(stmt).all()))
 
     def metric_series(self, run_id: str, name: str) -> list[tuple[int, float | None]]:
         stmt = (sa.select(metrics.c.step, metrics.c.value)
                 .where(metrics.c.run_id == run_id, metrics.c.name == name).order_by(metrics.c.id))
-        with self.engine.connect() as conn:
-            return [(step, value) for step, value in conn.execute(stmt)]
+        return [(step, value) for step, value in self._read(lambda c: c.execute(stmt).all())]
 
     def count_metrics(self, run_id: str | None = None) -> int:
         stmt = sa.select(sa.func.count()).select_from(metrics)
         if run_id is not None:
             stmt = stmt.where(metrics.c.run_id == run_id)
-        with self.engine.connect() as conn:
-            return int(conn.execute(stmt).scalar_one())
+        return int(self._read(lambda conn: conn.execute(stmt).scalar_one()))
 
     def events(self, run_id: str) -> list[dict[str, Any]]:
         stmt = sa.select(events).where(events.c.run_id == run_id).order_by(events.c.id)
-        with self.engine.connect() as conn:
-            rows = conn.execute(stmt).mappings().all()
+        rows = self._read(lambda conn: conn.execute(stmt).mappings().all())
         return [{"step": r["step"], "kind": r["kind"], "name": r["name"], "message": r["message"],
                  "payload": json.loads(r["payload"] or "{}"), "wall": r["wall"]} for r in rows]
+
+    def _retry(self, fn: Callable[[], T]) -> T:
+        return _retry(fn, wait_s=self.unreachable_wait_s)
+
+    def _read(self, fn: Callable[[sa.Connection], T]) -> T:
+        def read() -> T:
+            with self.engine.connect() as conn:
+                return fn(conn)
+
+        return self._retry(read)
 
     def _execute(self, stmt: sa.Executable, params: Any = None) -> None:
         with self._writer_engine.begin() as conn:
