@@ -129,6 +129,27 @@ def test_creating_a_run_another_machine_created_counts_an_attempt(store: Store) 
     assert record is not None and (record["restarts"], record["host"]) == (1, "machine-b")
 
 
+def test_machines_creating_one_run_at_once_each_count_an_attempt(store_url: str) -> None:
+    stores = [Store(store_url) for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def create(store: Store) -> None:
+        barrier.wait()
+        if store.get_run("r1") is None:  # as prudent run does: all four may see no run yet
+            store.create_run("r1", "one")
+        else:
+            store.count_restart("r1")
+
+    threads = [threading.Thread(target=create, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (stores[0].get_run("r1") or {})["restarts"] == 3
+    for s in stores:
+        s.close()
+
+
 def test_writer_batches_rows_and_flush_commits_them(store: Store) -> None:
     store.create_run("r1", "one")
     writer = StoreWriter(store, flush_interval_s=60)  # only flush() commits

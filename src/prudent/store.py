@@ -293,7 +293,8 @@ class Store:
             if self.get_run(run_id) is None:
                 raise
             self.count_restart(run_id)
-            self.update_run(run_id, **{k: v for k, v in fields.items() if k != "config"})
+            if fields:
+                self.update_run(run_id, **fields)
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         if "config" in fields:
