@@ -38,6 +38,7 @@ BY = ("run", "name", "day", "instance")
 class BillLine:
     key: str
     runs: int = 0
+    attempts: int = 0  # on every machine (a new machine imports the others' with the record)
     spent_usd: float = 0.0
     wasted_crash_usd: float = 0.0
     stopped_early_usd: float = 0.0
@@ -50,7 +51,7 @@ class BillLine:
     instance: str | None = None  # of one run's newest attempt; not summed
 
     def add(self, other: BillLine) -> None:
-        for name in ("runs", "spent_usd", "wasted_crash_usd", "stopped_early_usd",
+        for name in ("runs", "attempts", "spent_usd", "wasted_crash_usd", "stopped_early_usd",
                      "stopped_early_full_usd", "saved_early_stop_usd", "data_wait_usd",
                      "saved_spot_usd", "hours"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -86,7 +87,7 @@ def run_line(run: dict[str, Any], events: list[dict[str, Any]]) -> BillLine:
     reason = StopReason.parse(run["stop_reason"]) if run["stop_reason"] else None
     early = spent if reason is not None and reason.ends_early else 0.0
     full = _full_cost(spent, attempts) if early else 0.0
-    line = BillLine(run["id"], runs=1, spent_usd=spent, stopped_early_usd=early,
+    line = BillLine(run["id"], runs=1, attempts=len(attempts), spent_usd=spent, stopped_early_usd=early,
                     stopped_early_full_usd=full, saved_early_stop_usd=full - early,
                     run_ids=[run["id"]])
     for attempt in attempts:

@@ -4,9 +4,11 @@ At the start it reads the record found at the checkpoint location and merges it 
 machine's store, before the cost meter reads the spend so far and before the checkpointer
 restores the model: a new machine continues the history, the restart count and the budget.
 Then, on its own thread (the training thread only sets a flag when a checkpoint is saved):
-a segment of the rows the store gained since the last one after each checkpoint, and a
-heartbeat every ``checkpoint.heartbeat_interval``; at the end a last segment and a final
-heartbeat that says how the attempt ended.
+after each checkpoint and every ``checkpoint.heartbeat_interval``, a segment of the rows the
+store gained since the last one (if any) and a heartbeat; at the end a last segment and a
+final heartbeat that says how the attempt ended. A machine that vanishes loses what its
+store had not committed by its last heartbeat (metrics reach the store within about a
+second).
 """
 
 from __future__ import annotations
@@ -121,12 +123,11 @@ class RecordSync(Component):
     def _loop(self, run: RunContext) -> None:
         self._guarded(self._beat, run)
         while not self._done.is_set():
-            segment_due = self._wake.wait(self.interval_s)
+            self._wake.wait(self.interval_s)  # a checkpoint was saved, or it is time to beat
             if self._done.is_set():
                 return
-            if segment_due:
-                self._wake.clear()
-                self._guarded(self._export, run)
+            self._wake.clear()
+            self._guarded(self._export, run)  # nothing when no row arrived since the last
             self._guarded(self._beat, run)
 
     def finish(self, run: RunContext, status: str, reason: StopReason | None) -> None:
