@@ -90,6 +90,26 @@ def test_commands_on_any_machine_read_the_shared_store_and_never_show_its_passwo
     assert "prudent:***@" in seen  # the error for "nosuch" names the store
 
 
+def test_prudent_study_reads_trial_runs_from_the_shared_store(tmp_path: Path, pg_url: str) -> None:
+    pytest.importorskip("optuna")
+    url = _with_password(pg_url)
+    a, b = _machine(tmp_path, "a", url), _machine(tmp_path, "b", url)
+    code, _, err = _finish(_start(a, "trial-0", script("log_many.py"), "5"))
+    assert code == 0, err
+    made = a.python("-c", f"""import optuna
+study = optuna.create_study(study_name="s", storage={url!r})
+study.add_trial(optuna.trial.create_trial(
+    params={{"lr": 0.1}}, distributions={{"lr": optuna.distributions.FloatDistribution(0.01, 1)}},
+    value=0.5, user_attrs={{"run_id": "trial-0"}}))""")
+    assert made.returncode == 0, made.stderr
+    result = b.prudent("study", "s", "--json", "--storage", url)
+    assert result.returncode == 0, result.stderr
+    (trial,) = json.loads(result.stdout)["trials"]
+    assert (trial["run_id"], trial["value"]) == ("trial-0", 0.5)
+    assert trial["steps"] == 5  # from the run's record in the shared store
+    assert "hunter2" not in result.stdout + result.stderr
+
+
 def test_unreachable_database_at_start_is_one_line_and_exit_2(tmp_path: Path) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
