@@ -90,6 +90,7 @@ def test_commands_on_any_machine_read_the_shared_store_and_never_show_its_passwo
     assert "prudent:***@" in seen  # the error for "nosuch" names the store
 
 
+@pytest.mark.slow
 def test_prudent_study_reads_trial_runs_from_the_shared_store(tmp_path: Path, pg_url: str) -> None:
     pytest.importorskip("optuna")
     url = _with_password(pg_url)
