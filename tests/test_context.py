@@ -83,3 +83,21 @@ def test_wrapped_handlers_survive_a_component_resubscribing(settings: ProjectSet
     _train(run, 3)
     run.context.finish("completed")
     assert seen.count("on_after_backward") == 2 and seen.count("on_step_end") == 3
+
+
+def test_a_store_that_stays_away_at_the_end_does_not_fail_a_run_that_trained(
+        settings: ProjectSettings, monkeypatch: Any, capsys: Any) -> None:
+    from prudent.errors import StoreError
+
+    run = prudent.init(name="outage", settings=settings, exit_on_stop=False, components=[])
+    store = run.context.store
+    assert store is not None
+
+    def unreachable(*args: Any, **kwargs: Any) -> None:
+        raise StoreError("cannot reach the run store postgresql://u:***@db/runs")
+
+    monkeypatch.setattr(store, "update_run", unreachable)
+    with run:
+        run.step()
+    assert run.status == "completed" and run.exit_code == 0
+    assert "ended completed but its record could not be closed" in capsys.readouterr().err

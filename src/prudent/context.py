@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from prudent.errors import StopRun
+from prudent.errors import StopRun, StoreError
 from prudent.events import Component, Event, EventKind
 from prudent.signals import SignalStopper
 from prudent.state import RunState
@@ -297,12 +297,21 @@ class RunContext:
         if notify:
             self.writer.close()
         if self.store is not None:
-            self.store.update_run(self.id, status=status, stop_reason=stop_reason,
+            self._close_record(status, stop_reason, notify)
+        atexit.unregister(self._finish_at_exit)
+
+    def _close_record(self, status: str, stop_reason: str | None, notify: bool) -> None:
+        """The run's end in the store; a store that stays away does not turn a run that
+        trained into a failure (the supervisor, or the next attempt, closes the record)."""
+        try:
+            self.store.update_run(self.id, status=status, stop_reason=stop_reason,  # type: ignore[union-attr]
                                   ended_at=time.time(), exit_code=self.exit_code,
                                   step=self.state.step, epoch=self.state.epoch)
-            if notify:
-                self.store.close()  # releases connections; the store reopens them if used again
-        atexit.unregister(self._finish_at_exit)
+        except StoreError as exc:
+            print(f"prudent | {self.id} | warning: the run ended {status} but its record could "
+                  f"not be closed: {exc}", file=sys.stderr, flush=True)
+        if notify:
+            self.store.close()  # type: ignore[union-attr]  # the store reopens them if used
 
     def fail(self, exc: BaseException) -> None:
         """The loop raised: a failure bundle of the state as it failed, then the record."""
