@@ -57,6 +57,7 @@ class RecordSync(Component):
         self.imported: ImportResult | None = None
         self.import_s = 0.0
         self.segment_bytes: list[int] = []  # size of each segment written, for the figures
+        self.beat_s: list[float] = []  # seconds each wake of the thread took (segment + beat)
         self._cursor: Cursor = (0, 0)
         self._backlog: tuple[list[list[Any]], list[list[Any]]] = ([], [])
         self._seq = 0
@@ -121,14 +122,18 @@ class RecordSync(Component):
 
     # export -------------------------------------------------------------------------------
     def _loop(self, run: RunContext) -> None:
+        # the first beat once the components after this one have started (the meter's price)
+        self._done.wait(min(self.interval_s or 1.0, 1.0))
         self._guarded(self._beat, run)
         while not self._done.is_set():
             self._wake.wait(self.interval_s)  # a checkpoint was saved, or it is time to beat
             if self._done.is_set():
                 return
             self._wake.clear()
+            started = time.perf_counter()
             self._guarded(self._export, run)  # nothing when no row arrived since the last
             self._guarded(self._beat, run)
+            self.beat_s.append(time.perf_counter() - started)
 
     def finish(self, run: RunContext, status: str, reason: StopReason | None) -> None:
         """The last segment and the final heartbeat (called after every other on_end)."""
