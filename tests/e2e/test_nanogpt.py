@@ -140,3 +140,17 @@ def test_prudent_preflight_of_a_nanogpt_passes_in_steps_with_a_projection(
     assert "full run: 200 steps x " in checks["cost"]["summary"]
     assert document["projection"]["num_steps"] == 200 and document["projection"]["hours"] > 0
     assert document["processes"]["smoke"]["seconds"] < 30  # shortened, not 200 iterations
+
+
+@pytest.mark.slow
+def test_preflight_names_a_batch_generator_the_checkpoint_does_not_hold(project: Project) -> None:
+    result = project.prudent("preflight", "--json", "--", sys.executable,
+                             script("preflight_own_generator.py"), timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    checks = {c["id"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["overfit"]["status"] == "skip"  # no batch could be repeated: no verdict
+    assert "from a source prudent cannot rewind" in checks["overfit"]["summary"]
+    assert checks["resume"]["status"] == "fail"
+    assert "the model was fed other batches" in checks["resume"]["summary"]
+    assert "torch.Generator or np.random.default_rng of your own" in checks["resume"]["fix"]
+    assert [c["id"] for c in checks.values() if c["status"] == "fail"] == ["resume"]

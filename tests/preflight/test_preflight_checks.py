@@ -197,9 +197,9 @@ def test_an_iteration_loop_is_described_in_steps_not_epochs() -> None:
 
 
 def replayed(losses: list[float], inputs: list[str]) -> dict[str, Any]:
-    rec = iteration_record(len(losses), replay={"rewound": True, "inputs": inputs})
-    for step, loss in zip(rec["steps"], losses):
-        step["loss"] = loss
+    rec = iteration_record(len(losses), rewound=True)
+    for step, loss, fed in zip(rec["steps"], losses, inputs + [None] * len(losses)):
+        step["loss"], step["inputs"] = loss, fed
     return rec
 
 
@@ -231,17 +231,25 @@ def test_a_loop_without_run_batches_is_checked_on_what_the_model_was_fed() -> No
 
 def test_a_resume_that_draws_other_random_numbers_names_the_generators() -> None:
     smoke = iteration_record()
-    for step in smoke["steps"]:
-        step["rng"] = f"r{step['step']}"
+    for step in smoke["steps"]:  # Python's random unseeded: another state in every process
+        step["rng"] = {"torch": f"t{step['step']}", "python": "smoke"}
+        step["inputs"] = f"i{step['step']}"
     stop = iteration_record(6, status="stopped")
     stop["steps"] = copy.deepcopy(smoke["steps"][:6])
     resumed = iteration_record(8)
     resumed["steps"] = copy.deepcopy(smoke["steps"][6:])
+    for step in stop["steps"] + resumed["steps"]:
+        step["rng"]["python"] = "another process"
     resumed["steps"][0]["loss"] += 0.5
     check = check_resume(result(smoke, stop=stop, resume=resumed))
     assert check.status == "fail" and "generators" not in check.summary  # same generators
-    resumed["steps"][0]["rng"] = "other"
+    resumed["steps"][1]["inputs"] = "other"  # a generator of the script's own: other batches
     check = check_resume(result(smoke, stop=stop, resume=resumed))
-    assert check.status == "fail" and "random generators already differed after step 7" in \
-        check.summary
+    assert check.status == "fail" and "at step 8 the model was fed other batches" in \
+        check.summary and "generators were the same" in check.summary
+    assert "np.random.default_rng of your own" in check.fix
+    resumed["steps"][0]["rng"]["torch"] = "other"
+    check = check_resume(result(smoke, stop=stop, resume=resumed))
+    assert check.status == "fail" and "random generators (torch) already differed after step 7" \
+        in check.summary
     assert "run.state.step" in check.fix and "torch.Generator" in check.fix

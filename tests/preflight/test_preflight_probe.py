@@ -150,7 +150,8 @@ def test_an_iteration_loop_is_shortened_timed_and_its_length_kept(
     assert record["status"] == "completed" and len(record["steps"]) == 6  # 2 x --steps 3
     assert (record["num_steps"], record["num_epochs"], record["step_limit"]) == (500, None, 6)
     assert record["step_s"] > 0 and record["steps"][0]["time_s"] is None  # timed end to end
-    assert len({s["rng"] for s in record["steps"]}) == 6  # every step draws: new generators
+    assert len({s["rng"]["torch"] for s in record["steps"]}) == 6  # every step draws
+    assert len({s["inputs"] for s in record["steps"]}) == 6  # and feeds the model new batches
 
 
 def test_overfit_rewinds_the_generators_so_a_loop_that_draws_its_own_batches_repeats_them(
@@ -160,8 +161,8 @@ def test_overfit_rewinds_the_generators_so_a_loop_that_draws_its_own_batches_rep
     drawn = iterations(settings)
     assert all(torch.equal(ix, drawn[i % 2]) for i, ix in enumerate(drawn))  # 2 micro-batches
     record = json.loads(smoke.read_text())
-    assert record["replay"]["rewound"] and not record.get("loader_repeated")
-    assert len(set(record["replay"]["inputs"])) == 1 and len(record["replay"]["inputs"]) == 6
+    assert record["rewound"] and not record.get("loader_repeated")
+    assert len({s["inputs"] for s in record["steps"]}) == 1 and len(record["steps"]) == 12
 
 
 def test_overfit_cannot_rewind_a_generator_of_the_scripts_own(
@@ -169,5 +170,5 @@ def test_overfit_cannot_rewind_a_generator_of_the_scripts_own(
     monkeypatch.setenv("PRUDENT_PREFLIGHT_MODE", "overfit")
     monkeypatch.setenv("PRUDENT_PREFLIGHT_OVERFIT_STEPS", "12")
     iterations(settings, generator=torch.Generator().manual_seed(1))
-    inputs = json.loads(smoke.read_text())["replay"]["inputs"]
-    assert len(set(inputs)) == len(inputs) == 6  # the overfit check says SKIP on this
+    inputs = [s["inputs"] for s in json.loads(smoke.read_text())["steps"]]
+    assert len(set(inputs)) == len(inputs) == 12  # the overfit check says SKIP on this

@@ -258,22 +258,23 @@ def check_overfit(result: PreflightResult) -> CheckResult:
     return judged
 
 
+_COMPARED_STEPS = 6  # the overfit run's first steps: the same inputs if a batch was repeated
 _STALE_FIX = ("call optimizer.zero_grad() once per step (before backward or after step); "
               "without it every step also applies all the previous gradients")
 
 
 def _drew_its_own(record: dict[str, Any]) -> bool:
     """The overfit run never went through run.batches: the probe rewound the generators."""
-    return "replay" in record and not record.get("loader_repeated")
+    return bool(record.get("rewound")) and not record.get("loader_repeated")
 
 
 def _replayed(record: dict[str, Any], losses: list[float]) -> tuple[str, list[float]]:
     """Whether rewinding the generators repeated the batches (a reason if not), and the losses
     to judge: those of the repeated steps (step 0 may have drawn before anything was rewound).
     """
-    inputs = record["replay"]["inputs"]
+    inputs = [s.get("inputs") for s in record["steps"][:_COMPARED_STEPS]]
     own = "the loop draws its own batches (no run.batches)"
-    if len(inputs) < 3:
+    if len(inputs) < 3 or None in inputs:
         return (f"{own} and the attached model was fed too few steps to tell whether rewinding "
                 "the random generators repeated them: cannot repeat one", [])
     if len(set(inputs[1:])) != 1:

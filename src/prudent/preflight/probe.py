@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prudent.events import Component
 from prudent.launch import LaunchSpec, PreflightSpec
 from prudent.preflight import structure
-from prudent.preflight.overfit import FirstStepReplay, fingerprint
+from prudent.preflight.overfit import FirstStepReplay
 from prudent.run import SMOKE_MAX_EPOCHS
 from prudent.stop import StopKind
 
@@ -43,6 +43,7 @@ _T = TypeVar("_T")
 _MAX_SIGNATURES = 8
 OVERFIT_FACTOR = 10.0  # the loss on one repeated batch must fall at least this much
 _MIN_OVERFIT_STEPS = 10
+_FINGERPRINTED_STEPS = 64  # steps whose training inputs are hashed (overfit, resume compare them)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ class PreflightProbe(Component):
         self._out: Path | None = None
         self._yielding_last = False  # the next batch is the first epoch's last (after the scan)
         self._first_step_at: float | None = None
+        self._inputs: Any = None  # this step's training inputs, hashed (hashlib.blake2b)
 
     @classmethod
     def build(cls, environ: Mapping[str, str] | None = None) -> PreflightProbe | None:
@@ -232,7 +234,9 @@ class PreflightProbe(Component):
         self.record["steps"].append({
             "step": state.step, "epoch": state.epoch, "index": state.batches_in_epoch - 1,
             "loss": loss, "time_s": round(now - started, 6) if started else None,
-            "rng": _rng_fingerprint()})
+            "rng": _rng_fingerprint(),
+            "inputs": self._inputs.hexdigest() if self._inputs is not None else None})
+        self._inputs = None
         pending = self.record["pending_batch"]
         if pending is not None:
             self._note_structure(pending["leaves"], state.step, state.epoch, pending["index"],
@@ -304,7 +308,17 @@ class PreflightProbe(Component):
             leaves = structure.signature({"args": args, "kwargs": kwargs}, "input")
             if len(seen) < 3 and all(structure.compare(s, leaves) for s in seen):
                 seen.append(leaves)
+            if module.training and len(self.record["steps"]) < _FINGERPRINTED_STEPS:
+                self._fingerprint((args, kwargs))
         return hook
+
+    def _fingerprint(self, inputs: Any) -> None:
+        """Fold one training forward's inputs into the step's hash (every micro-step's)."""
+        import hashlib
+
+        if self._inputs is None:
+            self._inputs = hashlib.blake2b(digest_size=8)
+        structure.fingerprint(inputs, self._inputs)
 
     def _gradient_report(self) -> dict[str, Any]:
         trainable = [n for n, p in self._params.items() if p.requires_grad]
@@ -337,15 +351,19 @@ def _to_float(value: Any) -> float | None:
         return None
 
 
-def _rng_fingerprint() -> str:
-    """The generators prudent checkpoints, as one short hash (the resume check compares them)."""
+def _rng_fingerprint() -> dict[str, str]:
+    """Each generator prudent checkpoints (python, numpy, torch, cuda) as a short hash, for the
+    resume check to compare across processes."""
     import hashlib
 
     from prudent.rng import capture_rng
 
-    digest = hashlib.blake2b(digest_size=8)
-    fingerprint(capture_rng(), digest)
-    return digest.hexdigest()
+    hashes = {}
+    for name, state in capture_rng().items():
+        digest = hashlib.blake2b(digest_size=8)
+        structure.fingerprint(state, digest)
+        hashes[name] = digest.hexdigest()
+    return hashes
 
 
 def _median(values: list[float]) -> float | None:

@@ -7,6 +7,7 @@ differ, whether the random generators (hashed by the probe after every step) dif
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from prudent.preflight.result import (
     CheckResult,
@@ -85,10 +86,17 @@ def _compare_resumed(title: str, result: PreflightResult, stop: PhaseResult,
         s = mismatch[0]
         seen = (f"stopped at step {k}, resumed in a new process: the loss at step {s} is "
                 f"{resumed[s]!r}, the uninterrupted run had {reference.get(s)!r}")
-        rng = _rng_differs(result.phases["smoke"], resume, k)
+        rng = _generators_differ(result.phases["smoke"], stop, resume, k)
         if rng is not None:
+            step, names = rng
             return CheckResult("resume", title, "fail", f"{seen}; the random generators "
-                               f"already differed after step {rng}", _RNG_FIX)
+                               f"({', '.join(names)}) already differed after step {step}",
+                               _RNG_FIX)
+        fed = _first_difference("inputs", result.phases["smoke"], resume, k)
+        if fed is not None:
+            return CheckResult("resume", title, "fail", f"{seen}; at step {fed} the model was "
+                               "fed other batches than in the uninterrupted run, though "
+                               "prudent's generators were the same", _SOURCE_FIX)
         return CheckResult("resume", title, "fail", seen, "some state is not in the "
                            "checkpoint: attach every stateful object (scheduler, GradScaler, "
                            "your own counters) with run.attach(...), and draw randomness from "
@@ -106,11 +114,43 @@ _RNG_FIX = ("the resumed run draws other random numbers than the uninterrupted o
             "a fresh start")
 
 
-def _rng_differs(reference: PhaseResult, resume: PhaseResult, k: int) -> int | None:
-    """The first step after ``k`` whose generators (hashed by the probe) differ, if any."""
-    ref = {s["step"]: s.get("rng") for s in (reference.record or {}).get("steps", [])}
+_SOURCE_FIX = ("the batches come from somewhere the checkpoint does not hold (a "
+               "torch.Generator or np.random.default_rng of your own, an iterator over a file): "
+               "draw them from the global generators, which prudent restores, or seed your "
+               "generator from run.state.step, or attach an object with state_dict() that "
+               "holds its position")
+
+
+def _generators_differ(reference: PhaseResult, stop: PhaseResult, resume: PhaseResult,
+                       k: int) -> tuple[int, list[str]] | None:
+    """The first step after ``k`` where a generator differs from the uninterrupted run's, and
+    which. Only generators the stop process had exactly as the smoke run count: one the script
+    never seeds (Python's ``random`` starts from the OS in every process) differs anyway."""
+    ref = _by_step(reference, "rng")
+    seeded = None
+    for step, hashes in _by_step(stop, "rng").items():
+        if hashes and ref.get(step):
+            same = {name for name, value in hashes.items() if ref[step].get(name) == value}
+            seeded = same if seeded is None else seeded & same
+    for step, hashes in sorted(_by_step(resume, "rng").items()):
+        if step > k and hashes and ref.get(step):
+            names = sorted(n for n in seeded or () if hashes.get(n) != ref[step].get(n))
+            if names:
+                return step, names
+    return None
+
+
+def _by_step(phase: PhaseResult, key: str) -> dict[int, Any]:
+    return {s["step"]: s.get(key) for s in (phase.record or {}).get("steps", [])}
+
+
+def _first_difference(key: str, reference: PhaseResult, resume: PhaseResult,
+                      k: int) -> int | None:
+    """The first step after ``k`` whose ``key`` (a hash the probe took: the generators after
+    the step, or the model's training inputs) differs from the uninterrupted run's."""
+    ref = {s["step"]: s.get(key) for s in (reference.record or {}).get("steps", [])}
     for entry in (resume.record or {}).get("steps", []):
-        step, rng = entry["step"], entry.get("rng")
-        if step > k and rng is not None and ref.get(step) is not None and rng != ref[step]:
+        step, value = entry["step"], entry.get(key)
+        if step > k and value is not None and ref.get(step) is not None and value != ref[step]:
             return step
     return None

@@ -11,7 +11,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["Leaf", "batch_size", "compare", "describe", "nonfinite_samples", "signature"]
+__all__ = ["Leaf", "batch_size", "compare", "describe", "fingerprint", "nonfinite_samples",
+           "signature"]
 
 Leaf = tuple[str, tuple[int, ...] | None, str]  # path, shape (None: not a tensor), dtype or type
 _MAX_LEAVES = 64
@@ -88,3 +89,23 @@ def nonfinite_samples(obj: Any, path: str = "batch") -> list[dict[str, Any]]:
     elif isinstance(obj, float) and not math.isfinite(obj):
         found.append({"path": path, "rows": []})
     return found
+
+
+def fingerprint(obj: Any, digest: Any) -> None:
+    """Feed every tensor and plain value of a nested structure into ``digest`` (a hashlib
+    object): two batches with the same fingerprint hold the same numbers."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        data = obj.detach().cpu().contiguous().view(-1)
+        digest.update(f"{data.dtype}{tuple(obj.shape)}".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    elif isinstance(obj, Mapping):
+        for key in obj:
+            digest.update(repr(key).encode())
+            fingerprint(obj[key], digest)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            fingerprint(item, digest)
+    else:
+        digest.update(repr(obj).encode())
