@@ -10,7 +10,8 @@ __all__ = ["preflight"]
 def preflight(
     command: list[str] | None = typer.Argument(None, help="The training command, after --."),
     steps: int = typer.Option(8, "--steps", help="Batches per epoch in the smoke run (two "
-                              "epochs run); the first epoch's data is also read in full."),
+                              "epochs run); the first epoch's data is also read in full. A "
+                              "run.steps(n) loop runs twice this many iterations."),
     instance: str | None = typer.Option(None, "--instance", help="Target machine as "
                                            "cloud:instance (see `prudent catalog`), for the "
                                            "projected cost."),
