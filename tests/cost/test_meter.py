@@ -172,3 +172,35 @@ def test_every_run_gets_a_meter_by_default(home: Path) -> None:
 
     meters = [c for c in default_components(make_settings(home)) if isinstance(c, CostMeter)]
     assert len(meters) == 1 and meters[0].settings.instance is None
+
+
+def _imported_from_another_machine(home: Path, run_id: str, usd: float, seconds: float) -> None:
+    """The run's record as a machine that vanished left it: a heartbeat, no segment."""
+    from prudent.checkpoint.storage import open_storage
+    from prudent.record import merge_into, read_record
+    from prudent.record.format import FOLDER, Attempt, encode_heartbeat, heartbeat_file
+
+    storage = open_storage(str(home.parent / "bucket"))
+    lost = Attempt("gone", "other-host", 1, 1000.0, 1000.0 + seconds, 40, 3600.0, usd, usd)
+    storage.put(FOLDER, heartbeat_file("gone"), encode_heartbeat(run_id, lost))
+    store = Store.open(make_settings(home).store)
+    store.create_run(run_id, "meter")
+    record = read_record(storage, run_id)
+    assert record is not None
+    merge_into(store, run_id, record, current="here")
+    store.close()
+
+
+def test_budget_and_max_hours_count_the_spend_of_an_imported_machine(
+        home: Path, catalog_file: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRUDENT_RUN_ID", "moved")
+    _imported_from_another_machine(home, "moved", usd=40.0, seconds=40.0)
+    clock = FakeClock()
+    run, meter = _run(home, clock, instance="test:pricey", catalog_file=catalog_file,
+                      budget_usd=50, max_hours="1h")
+    _train(run, clock)
+    assert (meter.prior_usd, meter.prior_s, meter.attempts) == (40.0, 40.0, 2)
+    assert run.stop_reason == "budget" and run.state.step == 8  # $10 left, 2 steps of margin
+    (breakdown,) = [e["payload"] for e in _stored(home, "moved")["events"] if e["name"] == "meter"]
+    assert [a["host"] for a in breakdown["by_attempt"]][0] == "other-host"
+    assert breakdown["by_attempt"][0]["usd"] == 40.0 and breakdown["total_usd"] == pytest.approx(48.0)
