@@ -2,7 +2,9 @@
 
 Dollars = wall time x price per node-hour (spot price on spot) x nodes, summed over every
 attempt of the run id: a crashed or preempted attempt was billed too, so a relaunch adds to
-the stored ``cost_usd`` instead of starting again at zero. The training thread only reads the
+the stored ``cost_usd`` instead of starting again at zero. On a new machine the attempts of
+the others come with the run's record (``prudent.record``), imported before this meter starts,
+so budgets and policy limits count every machine's spend. The training thread only reads the
 clock and compares it with a precomputed deadline (see :mod:`prudent.cost.budget`); the store
 is updated from a background thread every ``update_interval_s`` and once more at the end.
 No instance known (a laptop): the meter still times the run, at $0.

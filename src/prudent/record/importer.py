@@ -99,28 +99,37 @@ def merge_into(store: Store, run_id: str, record: Record, current: str) -> Impor
     events, metrics = _new_rows(record, known_events, known_metrics)
     foreign = [a for a in sorted(record.attempts.values(), key=lambda a: a.started_at)
                if a.id not in local_attempts and a.id != current]
-    priced = {_payload(r).get("attempt") for s in record.segments for r in s.events
-              if (r[1], r[2]) == ("cost", "price")}
-    lost = [a for a in foreign if a.status is None]
-    for attempt in foreign:
-        if attempt.id not in priced:
-            events.append(_price_row(attempt))
-        if attempt.status is None:
-            events.append(_lost_row(attempt, _last_wall(record, attempt.id)))
-    events = [r for r in events if event_key(r) not in known_events]
+    events += [r for r in _recovered_rows(record, foreign) if event_key(r) not in known_events]
     events.sort(key=lambda r: r[5])
     metrics.sort(key=lambda r: r[3])
     store.add_events([_event_dict(run_id, r) for r in events])
     store.add_metrics([{"run_id": run_id, "step": r[0], "name": r[1], "value": r[2], "wall": r[3]}
                        for r in metrics])
-    restarts = int(run.get("restarts") or 0) + len(foreign)
+    restarts, total = _update_run(store, run, record, len(foreign))
+    lost = [a for a in foreign if a.status is None]
+    return ImportResult(len(events), len(metrics), foreign, lost, total, restarts)
+
+
+def _recovered_rows(record: Record, foreign: list[Attempt]) -> list[list[Any]]:
+    """A price event for an attempt known only from its heartbeats, and for an attempt that
+    never ended cleanly, the event that says what was lost."""
+    priced = {_payload(r).get("attempt") for s in record.segments for r in s.events
+              if (r[1], r[2]) == ("cost", "price")}
+    rows = [_price_row(a) for a in foreign if a.id not in priced]
+    return rows + [_lost_row(a, _last_wall(record, a.id)) for a in foreign if a.status is None]
+
+
+def _update_run(store: Store, run: dict[str, Any], record: Record,
+                num_foreign: int) -> tuple[int, float]:
+    """Restarts count the other machines' attempts; the spend is the record's when larger."""
+    restarts = int(run.get("restarts") or 0) + num_foreign
     total = max(float(run.get("cost_usd") or 0.0), record.total_usd)
     fields: dict[str, Any] = {"restarts": restarts, "cost_usd": total}
     started = record.started_at()
     if started is not None and started < float(run.get("started_at") or time.time()):
         fields["started_at"] = started
-    store.update_run(run_id, **fields)
-    return ImportResult(len(events), len(metrics), foreign, lost, total, restarts)
+    store.update_run(record.run_id, **fields)
+    return restarts, total
 
 
 def _new_rows(record: Record, known_events: set[tuple[Any, ...]],
