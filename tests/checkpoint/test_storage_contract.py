@@ -73,3 +73,10 @@ def test_put_replaces_a_small_file_whole_and_files_lists_it(storage: CheckpointS
     assert sorted(storage.files("record")) == ["heartbeat-a.json", "seg-a-000000.json.gz"]
     assert storage.read("record", "heartbeat-a.json") == b"second, longer"
     assert storage.checkpoints() == []  # the record is not a checkpoint: retention leaves it
+
+
+def test_read_many_reads_each_file_and_none_for_a_missing_one(storage: CheckpointStorage) -> None:
+    for i in range(5):
+        storage.put("record", f"seg-{i}", bytes([i]) * 10)
+    found = storage.read_many("record", [*(f"seg-{i}" for i in range(5)), "missing"])
+    assert found == {**{f"seg-{i}": bytes([i]) * 10 for i in range(5)}, "missing": None}

@@ -79,6 +79,10 @@ class CheckpointStorage(ABC):
     def files(self, name: str) -> list[str]:
         """The file names in folder ``name`` (none when it does not exist)."""
 
+    def read_many(self, name: str, filenames: list[str]) -> dict[str, bytes | None]:
+        """Several files of folder ``name`` (None for one that cannot be read)."""
+        return {filename: self.read(name, filename) for filename in filenames}
+
     def checkpoints(self) -> list[str]:
         """Checkpoint names, newest (highest step) first."""
         found = [n for n in self.names() if step_of(n) is not None]
@@ -197,6 +201,15 @@ class FsspecStorage(CheckpointStorage):
             self.fs.rm(f"{self.root}/{name}", recursive=True)
         except FileNotFoundError:
             pass
+
+    def read_many(self, name: str, filenames: list[str]) -> dict[str, bytes | None]:
+        """Fetched concurrently (one request each, not one after another)."""
+        paths = {f"{self.root}/{name}/{filename}": filename for filename in filenames}
+        if not paths:
+            return {}
+        found = self.fs.cat(list(paths), on_error="return")
+        return {paths[path]: data if isinstance(data, bytes) else None
+                for path, data in found.items() if path in paths}
 
     def put(self, name: str, filename: str, data: bytes) -> None:
         self.fs.pipe_file(f"{self.root}/{name}/{filename}", data)  # one PUT: whole or nothing

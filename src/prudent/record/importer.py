@@ -74,13 +74,12 @@ def read_record(storage: CheckpointStorage, run_id: str) -> Record | None:
     if not files:
         return None
     record = Record(run_id)
-    for filename in files:
-        if not (is_segment(filename) or is_heartbeat(filename)):
-            continue
+    wanted = [f for f in files if is_segment(f) or is_heartbeat(f)]
+    contents = storage.read_many(FOLDER, wanted)
+    for filename in wanted:
         where = f"{storage.url}/{FOLDER}/{filename}"
-        data = storage.read(FOLDER, filename)
-        if data is None:
-            data = b""  # listed but gone or unreadable: refused below like any damaged file
+        # listed but gone or unreadable: refused below like any damaged file
+        data = contents.get(filename) or b""
         record.num_bytes += len(data)
         if is_segment(filename):
             segment = decode_segment(data, run_id, where)
