@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from prudent.config import ProjectSettings
-from prudent.errors import ConfigError, ExitCode
+from prudent.errors import ConfigError, ExitCode, StoreError
 from prudent.events import EventKind
 from prudent.launch import LaunchSpec
 from prudent.session import new_run_id
@@ -159,14 +159,19 @@ class Supervisor:
     def _close_record(self, store: Store, code: int) -> None:
         import time
 
-        run = store.get_run(self.run_id)
-        if run is None or run["status"] != "running":
-            _event(store, self.run_id, "exit", f"process exited with code {code}", code=code)
-            return
-        status, reason, message = _verdict(code)
-        _event(store, self.run_id, "end", message, status=status, stop_reason=reason, code=code)
-        store.update_run(self.run_id, status=status, stop_reason=reason, ended_at=time.time(),
-                         exit_code=code)
+        try:
+            run = store.get_run(self.run_id)
+            if run is None or run["status"] != "running":
+                _event(store, self.run_id, "exit", f"process exited with code {code}", code=code)
+                return
+            status, reason, message = _verdict(code)
+            _event(store, self.run_id, "end", message, status=status, stop_reason=reason,
+                   code=code)
+            store.update_run(self.run_id, status=status, stop_reason=reason,
+                             ended_at=time.time(), exit_code=code)
+        except StoreError as exc:  # the exit code still says how the run ended
+            print(f"prudent: warning: run {self.run_id} exited with code {code} but the store "
+                  f"could not record it: {exc}", file=sys.stderr)
 
 
 def _verdict(code: int) -> tuple[str, str | None, str]:

@@ -54,10 +54,13 @@ def price_for(instance: str | None, price_per_hour: float | None, spot: bool,
     if instance is None:
         return None
     from prudent.cost.catalog import load_catalog
+    from prudent.cost.freshness import stale_price_warning
 
     row = load_catalog(catalog_file).lookup(instance)  # an unknown name: ConfigError, close matches
     kind = "spot" if spot and row.spot_usd is not None else "on demand"
-    return Price(row.hourly_usd(spot), f"{row.ref} {kind}, catalog prices as of {row.prices_as_of}")
+    stale = stale_price_warning(instance, catalog_file)
+    return Price(row.hourly_usd(spot), f"{row.ref} {kind}, catalog prices as of "
+                 f"{row.prices_as_of}" + (f" ({stale})" if stale else ""))
 
 
 def project(record: dict[str, Any], *, speedup: float | None, price: Price | None,
