@@ -160,3 +160,13 @@ def test_no_module_touches_a_private_member_of_the_run() -> None:
                     and node.value.id in ("run", "ctx", "context")):
                 offenders.append(f"{path.relative_to(SRC)}:{node.lineno} {node.value.id}.{node.attr}")
     assert offenders == []
+
+
+def test_the_settings_reach_only_each_plug_ins_settings_module() -> None:
+    """``config.py`` assembles prudent.yaml from the plug-ins' own settings models: it imports
+    those, the kernel and the launch spec, never a component."""
+    allowed = KERNEL | {"prudent.launch"}
+    imported = import_graph(in_functions=True)["prudent.config"]
+    plug_in_packages = {m for m in imported if not m.endswith(".settings")} - allowed
+    packages_of_settings = {m.rsplit(".", 1)[0] for m in imported if m.endswith(".settings")}
+    assert plug_in_packages - packages_of_settings == set()

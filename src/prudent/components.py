@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from prudent.checkpoint.manager import Checkpointer
 from prudent.config import ProjectSettings
-from prudent.console import ConsoleReporter
+from prudent.console.reporter import ConsoleReporter
 from prudent.cost.meter import CostMeter
 from prudent.debug.capture import FailureCapture
 from prudent.debug.mode import DebugMode, capture_on_every_rule

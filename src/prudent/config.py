@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prudent.checkpoint.settings import CheckpointSettings
-from prudent.console import ConsoleSettings
+from prudent.console.settings import ConsoleSettings
 from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.debug.settings import DebugSettings
 from prudent.errors import ConfigError

@@ -11,10 +11,9 @@ from __future__ import annotations
 import sys
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from prudent.console.settings import ConsoleSettings
 from prudent.events import Component
 
 if TYPE_CHECKING:
@@ -24,17 +23,7 @@ if TYPE_CHECKING:
     from prudent.state import RunState
     from prudent.stop import StopReason
 
-__all__ = ["ConsoleReporter", "ConsoleSettings"]
-
-
-class ConsoleSettings(BaseModel):
-    """``console:`` in prudent.yaml (PRUDENT_CONSOLE overrides ``mode``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    mode: Literal["auto", "rich", "plain", "off"] = Field(
-        "auto", description="auto: a progress bar on a terminal, plain lines otherwise.")
-    interval_s: float = Field(10.0, gt=0, description="Seconds between plain progress lines.")
+__all__ = ["ConsoleReporter"]
 
 
 class ConsoleReporter(Component):
