@@ -9,7 +9,7 @@
   heartbeat each time) and with heartbeats off, interleaved; the training thread does no
   record work, so any difference is the background thread competing for the interpreter.
 
-    python benchmarks/record.py [--rows 100000] [--every 500] [--json PATH]
+    python benchmarks/record.py [--rows 100000] [--every 500] [--s3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from prudent.testing import make_settings, tiny_model
 METRICS_PER_STEP = 4
 
 
-def run_once(home: Path, bucket: Path, steps: int, every: int, heartbeat: str,
+def run_once(home: Path, bucket: Path | str, steps: int, every: int, heartbeat: str,
              work: int = 0) -> tuple[RecordSync, float]:
     """Train ``steps`` steps of run ``bench``; returns its RecordSync and seconds per step."""
     settings = make_settings(home, checkpoint={"url": str(bucket), "every": f"{every}steps",
@@ -60,17 +60,18 @@ def run_once(home: Path, bucket: Path, steps: int, every: int, heartbeat: str,
     return sync, (time.perf_counter() - started) / max(1, steps)
 
 
-def bytes_and_import(rows: int, every: int) -> dict[str, Any]:
+def bytes_and_import(rows: int, every: int, url: str | None = None) -> dict[str, Any]:
     steps = rows // METRICS_PER_STEP
     with tempfile.TemporaryDirectory() as tmp:
-        bucket = Path(tmp) / "bucket"
+        bucket = url or Path(tmp) / "bucket"
         first, _ = run_once(Path(tmp) / "machine-1", bucket, steps, every, "off")
         os.environ["PRUDENT_HOME"] = str(Path(tmp) / "machine-2")
         second, _ = run_once(Path(tmp) / "machine-2", bucket, steps, every, "off")
         imported = second.imported
     segments = first.segment_bytes
     checkpoints = steps // every
-    return {"metric_rows": rows, "steps": steps, "checkpoint_every_steps": every,
+    return {"storage": url or "local folder", "metric_rows": rows, "steps": steps,
+            "checkpoint_every_steps": every,
             "checkpoints": checkpoints, "segments": len(segments),
             "record_bytes_per_checkpoint": sum(segments) / max(1, checkpoints),
             "record_bytes_total": sum(segments),
@@ -78,6 +79,25 @@ def bytes_and_import(rows: int, every: int) -> dict[str, Any]:
             "import_s": second.import_s,
             "imported_metrics": imported.num_metrics if imported else 0,
             "imported_events": imported.num_events if imported else 0}
+
+
+def local_s3() -> str:
+    """An S3-compatible server (moto's) on loopback, with a bucket: the record over HTTP."""
+    import logging
+
+    import s3fs
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_DEFAULT_REGION": "us-east-1", "PRUDENT_S3_ENDPOINT_URL": endpoint})
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}).mkdir("bench")
+    return "s3://bench/record"
 
 
 def heartbeat_cost(steps: int, reps: int) -> dict[str, Any]:
@@ -106,12 +126,14 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=500)
     parser.add_argument("--steps", type=int, default=3000, help="steps per heartbeat repetition")
     parser.add_argument("--reps", type=int, default=4)
+    parser.add_argument("--s3", action="store_true", help="also through a local S3 server (moto)")
     parser.add_argument("--json", default="benchmarks/results/record.json")
     args = parser.parse_args()
     os.environ["PRUDENT_RUN_ID"] = "bench"
     os.environ["PRUDENT_CONSOLE"] = "off"
     torch.set_num_threads(1)
     sizes = bytes_and_import(args.rows, args.every)
+    over_s3 = bytes_and_import(args.rows, args.every, local_s3()) if args.s3 else None
     beat = heartbeat_cost(args.steps, args.reps)
     table = Table("figure", "value")
     table.add_row("metric rows in the run", f"{sizes['metric_rows']:,}")
@@ -123,6 +145,9 @@ def main() -> None:
     table.add_row("record bytes per metric row", f"{sizes['bytes_per_metric_row']:.1f}")
     table.add_row("import on a new machine", f"{sizes['import_s']:.2f} s "
                   f"({sizes['imported_metrics']:,} metrics, {sizes['imported_events']} events)")
+    if over_s3:
+        table.add_row("import on a new machine, local S3 server",
+                      f"{over_s3['import_s']:.2f} s ({over_s3['segments']} segments)")
     table.add_row("step, heartbeat off", f"{beat['step_us_heartbeat_off']:.1f} µs")
     table.add_row("step, heartbeat every 20 ms", f"{beat['step_us_heartbeat_20ms']:.1f} µs")
     table.add_row("difference (every 20 ms: 3000x the default)", f"{beat['difference_us']:+.1f} µs")
@@ -135,7 +160,7 @@ def main() -> None:
                "cpus": os.cpu_count(), "platform": platform.platform()}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps({"machine": machine, "record": sizes,
-                                           "heartbeat": beat}, indent=2))
+                                           "record_s3": over_s3, "heartbeat": beat}, indent=2))
 
 
 if __name__ == "__main__":
