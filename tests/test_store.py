@@ -14,15 +14,8 @@ import torch
 from sqlalchemy.exc import DataError, OperationalError
 
 from prudent.errors import ConfigError, StoreError
-from prudent.store import (
-    SCHEMA_VERSION,
-    Store,
-    StoreWriter,
-    database_url,
-    mask_url,
-    schema_info,
-    to_floats,
-)
+from prudent.store import SCHEMA_VERSION, Store, database_url, mask_url, schema_info
+from prudent.store_writer import StoreWriter, to_floats
 from tests.postgres import PostgresServer
 
 

@@ -27,7 +27,8 @@ from prudent.events import Component, Event, EventKind
 from prudent.signals import SignalStopper
 from prudent.state import RunState
 from prudent.stop import ExitCode, StopKind, StopReason
-from prudent.store import NullWriter, Store, StoreWriter
+from prudent.store import Store
+from prudent.store_writer import NullWriter, StoreWriter
 
 __all__ = ["RunContext"]
 

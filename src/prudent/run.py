@@ -289,7 +289,7 @@ class Run:
 
     def log(self, **metrics: Any) -> None:
         """Evaluation metrics (converted to floats now: they are rare and the tuner reads them)."""
-        from prudent.store import to_floats
+        from prudent.store_writer import to_floats
 
         values = dict(zip(metrics, to_floats(metrics.values())))
         self.context.host_reads.clear()

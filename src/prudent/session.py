@@ -26,7 +26,8 @@ from prudent.hparams import apply_overrides
 from prudent.launch import LaunchSpec
 from prudent.run import Run
 from prudent.stop import StopKind, StopReason
-from prudent.store import Store, StoreWriter
+from prudent.store import Store
+from prudent.store_writer import StoreWriter
 from prudent.units import validate_run_id
 
 __all__ = ["init", "new_run_id"]

@@ -14,12 +14,10 @@ import importlib.util
 import json
 import logging
 import os
-import queue
 import random
 import re
-import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,8 +33,7 @@ from sqlalchemy.exc import (
 
 from prudent.errors import ConfigError, StoreError
 
-__all__ = ["SCHEMA_VERSION", "NullWriter", "Store", "StoreSettings", "StoreWriter", "mask_url",
-           "resolve_run"]
+__all__ = ["SCHEMA_VERSION", "Store", "StoreSettings", "mask_url", "resolve_run"]
 
 log = logging.getLogger("prudent.store")
 
@@ -188,7 +185,7 @@ def database_url(url: str) -> str:
     return parsed.render_as_string(hide_password=False)
 
 
-def _reason(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     """The driver's own first line, without SQLAlchemy's statement and help link."""
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return mask_url(text[0] if text else type(exc).__name__)
@@ -217,7 +214,7 @@ class Store:
         fix = ("check that the server is up and reachable from this machine, or point "
                "store.url / PRUDENT_STORE_URL elsewhere" if self.engine.dialect.name != "sqlite"
                else "check that the folder exists and is writable (store.home / PRUDENT_HOME)")
-        return f"cannot open the run store {self.url}: {_reason(exc)}; {fix}"
+        return f"cannot open the run store {self.url}: {describe_error(exc)}; {fix}"
 
     @classmethod
     def open(cls, settings: StoreSettings) -> Store:
@@ -419,193 +416,3 @@ def _run_dict(row: Any) -> dict[str, Any]:
     run = dict(row)
     run["config"] = json.loads(run["config"] or "{}")
     return run
-
-
-class StoreWriter:
-    """Writes metrics and events from a background thread, in batches.
-
-    ``put_metrics`` takes values that may still be tensors (on any device): they are turned
-    into floats here, off the training thread, one stacked transfer per device per batch.
-    Errors never reach the training loop. While the database cannot be reached (a PostgreSQL
-    server restarting, a network cut) the rows are kept, at most ``max_buffered_rows``, and
-    written when it answers again; past that bound the oldest metric rows are dropped, counted
-    in ``num_dropped`` and the log says exactly how many. A batch the database refuses for
-    its content is dropped and counted the same way, so it cannot block the rows behind it.
-    """
-
-    def __init__(self, store: Store, flush_interval_s: float = 0.5,
-                 max_buffered_rows: int = 200_000) -> None:
-        self.store = store
-        self.flush_interval_s = flush_interval_s
-        self.max_buffered_rows = max_buffered_rows
-        self.latest: dict[str, float] = {}
-        self.num_errors = 0
-        self.num_dropped = 0
-        self._outage_since: float | None = None
-        self._dropped_in_outage = 0
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._thread = threading.Thread(target=self._loop, name="prudent-store-writer", daemon=True)
-        self._thread.start()
-
-    def put_metrics(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]]) -> None:
-        """``steps``: ``(step, wall time, {name: number or tensor})`` tuples."""
-        self._idle.clear()
-        self._queue.put(("metrics", run_id, steps))
-
-    def put_event(self, row: dict[str, Any]) -> None:
-        self._idle.clear()
-        self._queue.put(("event", row))
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        """Block until everything queued so far is committed, or one try failed."""
-        done = threading.Event()
-        self._queue.put(("flush", done))
-        done.wait(timeout_s)
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Write what is left; an unreachable store is retried until ``timeout_s``."""
-        if self._thread.is_alive():
-            self._queue.put(("stop", time.monotonic() + max(0.0, timeout_s - 1.0)))
-            self._thread.join(timeout_s)
-
-    def _loop(self) -> None:
-        rows: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
-        deadline = time.monotonic() + self.flush_interval_s
-        stop_by: float | None = None
-        while stop_by is None or (rows[0] or rows[1]) and time.monotonic() < stop_by:
-            waiters: list[threading.Event] = []
-            try:
-                item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-                stop_by = self._take(item, rows, waiters) or stop_by
-                while True:  # drain whatever else is already queued
-                    stop_by = self._take(self._queue.get_nowait(), rows, waiters) or stop_by
-            except queue.Empty:
-                pass
-            if waiters or stop_by is not None or time.monotonic() >= deadline:
-                self._commit(*rows)
-                deadline = time.monotonic() + self.flush_interval_s
-            for waiter in waiters:
-                waiter.set()
-        if rows[0] or rows[1]:
-            self._drop(rows, len(rows[0]), len(rows[1]), "the run store stayed unreachable "
-                       "until the run ended", final=True)
-
-    def _take(self, item: tuple[Any, ...], rows: tuple[list[dict[str, Any]], list[dict[str, Any]]],
-              waiters: list[threading.Event]) -> float | None:
-        kind = item[0]
-        if kind == "metrics":
-            rows[0].extend(self._metric_rows(item[1], item[2]))
-        elif kind == "event":
-            rows[1].append(item[1])
-        elif kind == "flush":
-            waiters.append(item[1])
-        excess = len(rows[0]) + len(rows[1]) - self.max_buffered_rows
-        if excess > 0:
-            self._drop(rows, min(excess, len(rows[0])), max(0, excess - len(rows[0])),
-                       f"more than {self.max_buffered_rows} rows waited for the run store")
-        return item[1] if kind == "stop" else None
-
-    def _metric_rows(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]]
-                     ) -> list[dict[str, Any]]:
-        try:
-            values = to_floats([v for _, _, m in steps for v in m.values()])
-        except Exception as exc:  # a bad metric must not kill the writer
-            self._report(exc)
-            return []
-        rows, index = [], 0
-        for step, wall, named in steps:
-            for name in named:
-                rows.append({"run_id": run_id, "step": step, "name": name,
-                             "value": values[index], "wall": wall})
-                self.latest[name] = values[index]
-                index += 1
-        return rows
-
-    def _commit(self, metric_rows: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> None:
-        try:
-            self.store.add_records(metric_rows, event_rows)
-        except (OperationalError, InterfaceError) as exc:  # unreachable: keep them, try again
-            self._outage(exc)
-            return
-        except Exception as exc:  # refused for what they hold: retrying would block the rest
-            self._report(exc)
-            self._drop((metric_rows, event_rows), len(metric_rows), len(event_rows),
-                       "the run store refused the batch")
-        self._recovered(len(metric_rows) + len(event_rows))
-        del metric_rows[:], event_rows[:]
-
-    def _drop(self, rows: tuple[list[dict[str, Any]], list[dict[str, Any]]], num_metrics: int,
-              num_events: int, why: str, final: bool = False) -> None:
-        del rows[0][:num_metrics], rows[1][:num_events]
-        first_in_outage = self._outage_since is not None and not self._dropped_in_outage
-        self.num_dropped += num_metrics + num_events
-        self._dropped_in_outage += num_metrics + num_events
-        if self._outage_since is None or first_in_outage or final:
-            # during an outage: once here, the exact count when it ends
-            log.warning("prudent: dropped %d metric rows and %d events (%d rows in all): %s",
-                        num_metrics, num_events, self.num_dropped, why)
-
-    def _outage(self, exc: BaseException) -> None:
-        if self._outage_since is None:
-            self._outage_since = time.monotonic()
-            self._dropped_in_outage = 0
-            self.num_errors += 1
-            log.warning("prudent: cannot write to the run store %s (%s); training goes on and "
-                        "up to %d rows wait until it answers again", self.store.url,
-                        _reason(exc), self.max_buffered_rows)
-
-    def _recovered(self, num_rows: int) -> None:
-        if self._outage_since is not None:
-            log.warning("prudent: the run store %s answers again after %.1f s: %d waiting rows "
-                        "written, %d dropped", self.store.url,
-                        time.monotonic() - self._outage_since, num_rows, self._dropped_in_outage)
-            self._outage_since = None
-
-    def _report(self, exc: BaseException) -> None:
-        self.num_errors += 1
-        if self.num_errors == 1:
-            log.warning("prudent: could not write to the run store (%s); training goes on",
-                        _reason(exc))
-
-
-class NullWriter:
-    """A StoreWriter that keeps nothing: for torchrun ranks other than 0."""
-
-    num_errors = 0
-
-    def __init__(self) -> None:
-        self.latest: dict[str, float] = {}
-
-    def put_metrics(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]]) -> None:
-        pass
-
-    def put_event(self, row: dict[str, Any]) -> None:
-        pass
-
-    def flush(self, timeout_s: float = 30.0) -> None:
-        pass
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        pass
-
-
-def to_floats(values: Iterable[Any]) -> list[float | None]:
-    """Numbers and 0-d tensors to floats, with one host transfer per device (not per value)."""
-    values = list(values)
-    out: list[float | None] = [None] * len(values)
-    by_device: dict[Any, list[int]] = {}
-    for i, value in enumerate(values):
-        if hasattr(value, "detach") and hasattr(value, "device"):
-            by_device.setdefault(value.device, []).append(i)
-        else:
-            out[i] = None if value is None else float(value)
-    if by_device:
-        import torch
-
-        for indices in by_device.values():
-            stacked = torch.stack([values[i].detach().reshape(()).float() for i in indices])
-            for i, number in zip(indices, stacked.tolist()):
-                out[i] = number
-    return out
