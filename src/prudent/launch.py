@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from prudent.errors import ConfigError
 
-__all__ = ["ENV_ALERT_WEBHOOK", "ENV_CONFIG", "ENV_OVERRIDES", "ENV_PREFLIGHT_MODE",
+__all__ = ["ENV_ALERT_WEBHOOK", "ENV_CONFIG", "ENV_HOST", "ENV_OVERRIDES", "ENV_PREFLIGHT_MODE",
            "ENV_PREFLIGHT_OUT", "ENV_PREFLIGHT_OVERFIT_STEPS", "ENV_PREFLIGHT_SCAN_S",
            "ENV_PREFLIGHT_STEPS", "ENV_PREFLIGHT_STOP_AT", "ENV_REPLAY", "ENV_REPLAY_PDB",
            "ENV_REPLAY_STEP", "ENV_RUN_ID", "ENV_RUN_NAME", "ENV_S3_ENDPOINT_URL", "ENV_SETTINGS",
@@ -49,6 +49,7 @@ ENV_PREFLIGHT_SCAN_S = "PRUDENT_PREFLIGHT_SCAN_S"
 # set by the user, not by a parent; named here so that every PRUDENT_* name has one home
 ENV_S3_ENDPOINT_URL = "PRUDENT_S3_ENDPOINT_URL"
 ENV_ALERT_WEBHOOK = "PRUDENT_ALERT_WEBHOOK"  # monitor.alert.webhook_url_env's default
+ENV_HOST = "PRUDENT_HOST"  # the name recorded as an attempt's host (default: the hostname)
 
 _T = TypeVar("_T")
 Setting = tuple[str, str]  # (section, key) of prudent.yaml

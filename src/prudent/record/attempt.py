@@ -13,9 +13,10 @@ import secrets
 import socket
 import time
 
-__all__ = ["ENV_HOST", "attempt_id", "begin_attempt", "host_name"]
+from prudent.launch import ENV_HOST
 
-ENV_HOST = "PRUDENT_HOST"  # the name recorded as the attempt's host (default: the hostname)
+__all__ = ["attempt_id", "begin_attempt", "host_name"]
+
 
 _CURRENT: dict[str, str] = {}  # run id -> its attempt in this process
 
