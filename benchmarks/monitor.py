@@ -304,14 +304,15 @@ def _handlers_us(steps: int, stride: int) -> float:
         monitor = Monitor(MonitorSettings(grad_norm_every_steps=stride), quiet=True)
         run = prudent.init(name="handlers", settings=settings, exit_on_stop=False, components=[])
         run.attach(model=model, optimizer=opt)
-        monitor.on_attach(run, run.objects)
+        ctx = run.context  # what a component sees of the run
+        monitor.on_attach(ctx, ctx.objects)
         metrics = {"loss": loss}
         with run:
             started = time.thread_time()
             for _ in range(steps):
-                monitor.on_after_backward(run, loss)
-                run.state.step += 1
-                monitor.on_step_end(run, metrics)
+                monitor.on_after_backward(ctx, loss)
+                ctx.state.step += 1
+                monitor.on_step_end(ctx, metrics)
             elapsed = time.thread_time() - started
         return 1e6 * elapsed / steps
 

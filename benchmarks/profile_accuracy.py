@@ -38,6 +38,7 @@ from rich.table import Table
 
 import prudent
 from prudent.components import default_components
+from prudent.context import RunContext
 from prudent.events import Component, Event
 from prudent.profile import Profiler, ProfileSettings
 from prudent.testing import make_settings
@@ -77,7 +78,7 @@ class SleepyCheckpoint(Component):
     def __init__(self, truth: Truth, every: int, cost_s: float) -> None:
         self.truth, self.every, self.cost_s = truth, every, cost_s
 
-    def on_step_end(self, run: prudent.Run, metrics: dict[str, Any]) -> None:
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         if self.every and run.state.step % self.every == 0:
             with self.truth.timing("checkpoint", self.cost_s):
                 time.sleep(self.cost_s)
@@ -116,7 +117,7 @@ def run_scenario(home: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
                     with truth.timing("eval", spec["eval_s"]):
                         time.sleep(spec["eval_s"])
                     run.log(val=0.0)
-    profiler = next(c for c in run.components if isinstance(c, Profiler))
+    profiler = next(c for c in run.context.components if isinstance(c, Profiler))
     assert profiler.summary is not None
     measured = {k: v["s"] for k, v in profiler.summary["breakdown"].items()}
     return {"scenario": name, "spec": spec, "truth_s": truth.seconds, "nominal_s": truth.nominal,
@@ -180,7 +181,7 @@ def digits_step_times(home: str, epochs: int,
     model = Net(128, 0.1)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     run.attach(model=model, optimizer=opt)
-    profiler = next(c for c in run.components if isinstance(c, Profiler))
+    profiler = next(c for c in run.context.components if isinstance(c, Profiler))
     hooks = {Event.BATCH_LOADED: profiler.on_batch_loaded, Event.STEP_END: profiler.on_step_end}
     times: dict[str, list[tuple[float, float]]] = {"on": [], "off": []}
     with run:

@@ -280,7 +280,7 @@ class TrainingProblem:
                 value = error_rate(model, *self.data["val"])
                 run.log(val_err=value)
                 if report is not None and report(epoch + 1, value):
-                    run.request_stop("pruned", f"pruned by the pruner after epoch {epoch + 1}")
+                    run.context.request_stop("pruned", f"pruned by the pruner after epoch {epoch + 1}")
         return run, value, model
 
 

@@ -35,7 +35,7 @@ with run, open(f"rank{rank}.log", "a") as log:
             opt.step()
             opt.zero_grad()
             if rank == 1 and run.state.step + 1 == cfg["stop_rank1_at"]:
-                run.request_stop("preempted", "rank 1 was told its machine goes away")
+                run.context.request_stop("preempted", "rank 1 was told its machine goes away")
             log.write(f"{os.getpid()} {run.state.step + 1}\n")
             log.flush()
             run.step(loss=loss)

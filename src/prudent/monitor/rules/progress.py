@@ -183,7 +183,7 @@ class OverfittingRule(Rule):
     needs = frozenset({"evals"})
     Settings = OverfittingSettings
     settings: OverfittingSettings
-    state_fields = ("best", "best_step", "best_train", "worse")
+    state_fields = ("best", "best_step", "best_train", "worse", "last")
 
     def __init__(self, settings: OverfittingSettings | None = None) -> None:
         super().__init__(settings)
@@ -191,6 +191,7 @@ class OverfittingRule(Rule):
         self.best_step = 0
         self.best_train: float | None = None
         self.worse = 0
+        self.last: float | None = None  # the previous evaluation's score
 
     @property
     def sign(self) -> float:
@@ -208,12 +209,18 @@ class OverfittingRule(Rule):
         if not finite(value) or not self.active_at(sample.step):
             return None
         score = self.sign * value  # type: ignore[operator]
+        last, self.last = self.last, score
         if self.best is None or score < self.best:
             self.best, self.best_step, self.best_train = score, sample.step, sample.train_loss
             self.worse = 0
             return None
-        worse = score > self.best + self.settings.min_worsening * abs(self.best)
-        self.worse = self.worse + 1 if worse else 0
+        if score > self.best + self.settings.min_worsening * abs(self.best):
+            # still worse than the best, but better than the evaluation before: recovering
+            # (a noisy validation set), which neither counts nor clears the count
+            recovering = last is not None and score < last
+            self.worse += 0 if recovering else 1
+        else:
+            self.worse = 0
         if self.worse < self.settings.patience or not self._training_improved(sample):
             return None
         return Finding(sample.step, value, self.sign * self.best, self._message(sample, value))
