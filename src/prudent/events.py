@@ -17,6 +17,10 @@ The user's loop, and where each event fires::
                                            CHECKPOINT_SAVED (a checkpoint became durable)
     leaving ``with run:``                  END          (status known; last chance to write)
 
+A loop without epochs (``for it in run.steps(max_iters):``) fires the same events but
+BATCH_LOADED and EPOCH_END; several ``run.backward`` before one ``run.step`` (gradient
+accumulation) fire AFTER_BACKWARD once, after the last micro-step, with their summed loss.
+
 Components subscribe by overriding ``on_<event name>``; the run only calls the methods a
 component overrides, so an idle event costs nothing. Handlers get the
 :class:`~prudent.context.RunContext`, never the user's ``Run``. Components never call each
