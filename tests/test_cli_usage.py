@@ -38,12 +38,15 @@ MISSING_ARGUMENT = [
     (["tune", "--", "python", "train.py"], "Missing option '--space'"),
 ]
 # run, tune, preflight and replay pass unknown options on to the training command, so a
-# mistyped option there is the script's; a bad value for one of prudent's own is a usage error.
+# mistyped option there is the script's; a bad value for one of prudent's own is a usage error,
+# and so is a dash-word where prudent run's command should start.
 BAD_VALUE = [
     (["runs", "-n", "abc"], "Invalid value for '--limit'"),
     (["runs", "--limit", "0"], "Invalid value for '--limit'"),
     (["run", "--max-restarts", "abc", "--", "python", "train.py"],
      "Invalid value for '--max-restarts'"),
+    # a mistyped option of prudent run itself, before the command: never run as a program
+    (["run", "--max-restart", "2", "--", "python", "train.py"], "is not an option of prudent run"),
     (["tune", "--space", "space.yaml", "--trials", "abc", "--", "python", "train.py"],
      "Invalid value for '--trials'"),
     (["preflight", "--steps", "abc", "--", "python", "train.py"], "Invalid value for '--steps'"),

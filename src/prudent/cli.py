@@ -65,6 +65,10 @@ def run(
     from prudent.profile import parse_step_window
     from prudent.supervisor import Supervisor
 
+    if command and command[0].startswith("-"):  # no program's name starts with a dash
+        raise typer.BadParameter(f"{command[0]!r} is not an option of prudent run (see prudent "
+                                 "run --help); the training command goes after --",
+                                 param_hint="'COMMAND'")
     overrides = parse_set_args(set_ or [])
     if profile_steps is not None:
         parse_step_window(profile_steps)  # bad input: exit 2 before anything is written

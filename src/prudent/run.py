@@ -110,6 +110,11 @@ class Run:
         return str(reason) if reason is not None else None
 
     @property
+    def latest(self) -> dict[str, float]:
+        """The newest value of each metric (step metrics lag by at most a flush)."""
+        return self.context.latest
+
+    @property
     def status(self) -> str:
         """``running``, then ``completed``, ``stopped`` or ``failed``."""
         return self.context.status

@@ -82,9 +82,13 @@ class Checkpointer(Component):
         state = run.state
         self._last_position = (state.step, state.epoch, state.batches_in_epoch)
         self.schedule.saved(state.step)
-        run.record_event(EventKind.CHECKPOINT, "resumed",
-                         f"resumed from {name}: step {state.step}, epoch {state.epoch + 1}, "
-                         f"{state.batches_in_epoch} batches into it", checkpoint=name)
+        if state.num_epochs is None:  # a loop without epochs (run.steps): no epoch to name
+            where = f"step {state.step}" + (f" of {state.num_steps}" if state.num_steps else "")
+        else:
+            where = (f"step {state.step}, epoch {state.epoch + 1}, {state.batches_in_epoch} "
+                     "batches into it")
+        run.record_event(EventKind.CHECKPOINT, "resumed", f"resumed from {name}: {where}",
+                         checkpoint=name)
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         for key, obj in objects.items():
