@@ -72,7 +72,7 @@ class RunContext:
         self._stop: StopReason | None = None
         self._stop_announced = False
         self._closed = False
-        self._device: Any = None
+        self.device: Any = None  # where the model lives, once run.device resolved it
         # the tensors read this step and their numbers (cleared when the step ends: a loss
         # must not keep its graph alive)
         self.host_reads: list[tuple[Any, Any]] = []
@@ -161,14 +161,6 @@ class RunContext:
         path = self._home.resolve() / "runs" / self.id
         path.mkdir(parents=True, exist_ok=True)
         return path
-
-    @property
-    def device(self) -> Any:
-        return self._device
-
-    @device.setter
-    def device(self, device: Any) -> None:
-        self._device = device
 
     @property
     def latest(self) -> dict[str, float]:

@@ -10,6 +10,7 @@ fires.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any
@@ -190,8 +191,6 @@ class Run:
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """Yield the loader's batches, timing each wait for data."""
-        import time
-
         ctx, state = self.context, self.context.state
         try:
             state.batches_per_epoch = len(loader)  # type: ignore[arg-type]
