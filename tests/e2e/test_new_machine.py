@@ -205,5 +205,9 @@ def test_the_budget_holds_across_machines(tmp_path: Path, s3_endpoint: str,
     assert bill.returncode == 0, bill.stderr
     (line,) = json.loads(bill.stdout)["groups"]
     assert line["attempts"] == 2 and line["spent_usd"] == pytest.approx(shown["cost_usd"], abs=1e-3)
+    table = second.prudent("cost")  # what a person reads: the run's row counts both attempts
+    assert table.returncode == 0, table.stderr
+    (row,) = [r for r in table.stdout.splitlines() if line["key"][:8] in r]
+    assert row.split("│")[3].strip() == "2", table.stdout  # run | runs | attempts
     print(f"machine 1 spent ${spent_first:.2f} of ${budget:.2f}; machine 2 stopped at "
           f"${shown['cost_usd']:.2f}, step {shown['step']}")

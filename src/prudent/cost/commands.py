@@ -288,10 +288,10 @@ def _stale_text(stale: list[dict[str, Any]], max_age_days: int) -> str:
 
 
 def _print_bill(total: Any, lines: list[Any], by: str) -> None:
-    table = Table(by, "runs", "hours", "spent $", "wasted on crashes $", "stopped early $",
+    table = Table(by, "runs", "attempts", "hours", "spent $", "wasted on crashes $", "stopped early $",
                   "saved by stopping early $", "waiting for data $", "saved on spot $")
     for line in [*lines, total]:
-        table.add_row(line.key, str(line.runs), f"{line.hours:.3g}", f"{line.spent_usd:.2f}",
+        table.add_row(line.key, str(line.runs), str(line.attempts), f"{line.hours:.3g}", f"{line.spent_usd:.2f}",
                       f"{line.wasted_crash_usd:.2f}", f"{line.stopped_early_usd:.2f}",
                       f"{line.saved_early_stop_usd:.2f}", f"{line.data_wait_usd:.2f}",
                       f"{line.saved_spot_usd:.2f}")
