@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -264,6 +265,10 @@ def test_writer_keeps_rows_while_the_database_is_away(caplog: pytest.LogCaptureF
         writer.close()
     assert [r["step"] for r in store.metrics] == list(range(10)) and writer.num_dropped == 0
     assert "answers again after" in caplog.text and "6 waiting rows written, 0 dropped" in caplog.text
+    (outage,) = store.events  # the run's own record says so, not only the log
+    assert (outage["kind"], outage["name"], outage["run_id"]) == ("store", "outage", "r1")
+    assert json.loads(outage["payload"]) == {"seconds": pytest.approx(0.25, abs=5.0),
+                                             "rows_written": 6, "rows_dropped": 0}
 
 
 def test_writer_past_its_bound_drops_the_oldest_and_says_how_many(
@@ -274,7 +279,9 @@ def test_writer_past_its_bound_drops_the_oldest_and_says_how_many(
         _log_steps(writer, 0, 10)
         writer.put_event(_event())
         writer.close()
-    assert [r["step"] for r in store.metrics] == [7, 8, 9] and len(store.events) == 1
+    assert [r["step"] for r in store.metrics] == [7, 8, 9]
+    assert [e["name"] for e in store.events] == ["n", "outage"]
+    assert json.loads(store.events[-1]["payload"])["rows_dropped"] == 7
     assert writer.num_dropped == 7 and "waiting rows written, 7 dropped" in caplog.text
 
 

@@ -76,6 +76,7 @@ class EventKind(str, Enum):
     RULE = "rule"  # name: the rule that fired
     CAPTURE = "capture"
     CAPTURE_REQUESTED = "capture_requested"  # name: the rule that asked
+    STORE = "store"  # the run store itself (written by the store writer, not a component)
 
 
 # Every (kind, name) a run records; None: the name is a rule's name or a finding's id.
@@ -84,15 +85,17 @@ RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
     EventKind.SUPERVISOR: ("exit", "end"),
     EventKind.CHECKPOINT: ("skipped", "fresh_start", "resumed", "emergency_skipped",
                            "not_restored", "save_failed", "saved", "interval", "record_imported",
-                           "record_lost"),
+                           "record_lost", "not_finite", "restored"),
     EventKind.PREEMPTION: ("notice",),
     EventKind.COST: ("detect", "price", "meter", "limit"),
     EventKind.PROFILE: ("trace_failed", "trace", "trace_skipped", "summary"),
     EventKind.FINDING: None,
-    EventKind.MONITOR: ("error", "rule_error", "stacks_not_written", "hard_exit", "webhook_failed"),
+    EventKind.MONITOR: ("error", "rule_error", "stacks_not_written", "hard_exit", "webhook_failed",
+                        "blind", "skipped_update", "rollback", "best_kept", "best_restored"),
     EventKind.RULE: None,
     EventKind.CAPTURE: ("skipped", "failed", "written"),
     EventKind.CAPTURE_REQUESTED: None,
+    EventKind.STORE: ("outage",),
 }
 
 

@@ -3,6 +3,7 @@ batches, so the training loop never waits for a database (and never fails becaus
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from prudent.events import EventKind
 from prudent.store import Store, describe_error
 
 __all__ = ["NullWriter", "StoreWriter", "to_floats"]
@@ -40,7 +42,9 @@ class StoreWriter:
         self.num_errors = 0
         self.num_dropped = 0
         self._outage_since: float | None = None
+        self._outage_began_wall = 0.0
         self._dropped_in_outage = 0
+        self._last_row: tuple[str, int] | None = None  # (run id, step) of the newest row queued
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
@@ -50,10 +54,13 @@ class StoreWriter:
     def put_metrics(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]]) -> None:
         """``steps``: ``(step, wall time, {name: number or tensor})`` tuples."""
         self._idle.clear()
+        if steps:
+            self._last_row = (run_id, steps[-1][0])
         self._queue.put(("metrics", run_id, steps))
 
     def put_event(self, row: dict[str, Any]) -> None:
         self._idle.clear()
+        self._last_row = (row["run_id"], row["step"])
         self._queue.put(("event", row))
 
     def flush(self, timeout_s: float = 30.0) -> None:
@@ -148,6 +155,7 @@ class StoreWriter:
     def _outage(self, exc: BaseException) -> None:
         if self._outage_since is None:
             self._outage_since = time.monotonic()
+            self._outage_began_wall = time.time()
             self._dropped_in_outage = 0
             self.num_errors += 1
             log.warning("prudent: cannot write to the run store %s (%s); training goes on and "
@@ -156,10 +164,30 @@ class StoreWriter:
 
     def _recovered(self, num_rows: int) -> None:
         if self._outage_since is not None:
+            outage_s = time.monotonic() - self._outage_since
             log.warning("prudent: the run store %s answers again after %.1f s: %d waiting rows "
-                        "written, %d dropped", self.store.url,
-                        time.monotonic() - self._outage_since, num_rows, self._dropped_in_outage)
+                        "written, %d dropped", self.store.url, outage_s, num_rows,
+                        self._dropped_in_outage)
             self._outage_since = None
+            self._record_outage(outage_s, num_rows)
+
+    def _record_outage(self, outage_s: float, num_rows: int) -> None:
+        """The outage in the run's own record, not only in a log that dies with the machine:
+        whoever reads the curves later learns why some rows may be missing."""
+        if self._last_row is None:
+            return
+        run_id, step = self._last_row
+        message = (f"the run store could not be reached for {outage_s:.1f} s: {num_rows} rows "
+                   f"waited and were written, {self._dropped_in_outage} dropped")
+        payload = {"seconds": round(outage_s, 3), "rows_written": num_rows,
+                   "rows_dropped": self._dropped_in_outage}
+        try:
+            self.store.add_records([], [{
+                "run_id": run_id, "step": step, "kind": EventKind.STORE.value, "name": "outage",
+                "message": message, "payload": json.dumps(payload),
+                "wall": self._outage_began_wall}])
+        except Exception as exc:  # it answered a moment ago; if not now, the log has it
+            self._report(exc)
 
     def _report(self, exc: BaseException) -> None:
         self.num_errors += 1

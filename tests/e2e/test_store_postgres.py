@@ -149,6 +149,8 @@ def test_database_going_away_mid_run_does_not_stop_training(
     store = Store(pg_url)
     assert (store.get_run("outage") or {})["status"] == "completed"
     assert store.count_metrics("outage") == steps  # every row kept and written after the outage
+    (outage,) = [e for e in store.events("outage") if (e["kind"], e["name"]) == ("store", "outage")]
+    assert outage["payload"]["rows_dropped"] == 0 and outage["payload"]["seconds"] > 1.0
     store.close()
     assert "cannot write to the run store" in err and "answers again after" in err
     assert "0 dropped" in err and "hunter2" not in err
