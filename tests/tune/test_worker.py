@@ -56,7 +56,7 @@ def test_no_trial_starts_when_the_budget_is_spent(settings: ProjectSettings,
     worker, study = _worker(settings, trials=5, budget_usd=1.0)
     task = worker._ask()
     assert task is not None
-    study._storage.set_trial_user_attr(task.trial_id, "cost_usd", 0.7)
+    worker.storage.set_trial_user_attr(task.trial_id, "cost_usd", 0.7)
     study.tell(task.number, 0.5)
     assert worker._ask() is None  # 0.7 spent + ~0.7 for one more > 1.0
     assert "would pass --budget-usd 1.00" in capsys.readouterr().err

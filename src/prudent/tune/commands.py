@@ -57,6 +57,10 @@ def tune(
                                                "rung, in what trials report at (epochs, or "
                                                "steps in a loop without run.epochs): no trial "
                                                "is pruned before it (default 1)."),
+    heartbeat: str | None = typer.Option(None, "--heartbeat", help="With a database "
+                                            "--storage: how often each machine's workers "
+                                            "record their trials' heartbeat (default 60s); a "
+                                            "trial silent for 3 is resumed by another machine."),
     seed: int | None = typer.Option(None, "--seed", help="Sampler seed (worker i uses seed+i)."),
     max_restarts: int = typer.Option(0, "--max-restarts", help="Relaunch a crashed trial up to "
                                      "N times (it resumes from its checkpoint)."),
@@ -85,7 +89,8 @@ def tune(
         pruner=pruner or DEFAULT_PRUNER, study=study_name, storage=storage,
         enqueue=parse_enqueue(enqueue or []), max_epochs=max_epochs, epoch_s=epoch_s, seed=seed,
         config_path=config, max_restarts=max_restarts, warm_start=warm_start,
-        fixed=parse_set_args(set_ or []), max_steps=max_steps, min_resource=min_resource)
+        fixed=parse_set_args(set_ or []), max_steps=max_steps, min_resource=min_resource,
+        heartbeat_s=_seconds("--heartbeat", heartbeat, parse_duration_s))
     settings = load_settings(config, overrides=cost)
     # bad space, flags or study: exit 2 before anything runs
     tuner = Tuner(options, settings, spec=LaunchSpec(settings=cost))
@@ -122,6 +127,18 @@ def study(
         typer.echo(json.dumps(summary, indent=2, default=str))
         return
     print_summary(summary)
+
+
+def _seconds(flag: str, value: str | None, parse: object) -> int | None:
+    """Whole seconds (Optuna's heartbeat counts in them), at least 1."""
+    import math
+
+    if value is None:
+        return None
+    seconds = float(parse(value))  # type: ignore[operator]
+    if seconds <= 0:
+        raise ConfigError(f"{flag} must be > 0, got {value!r}: e.g. {flag} 60s")
+    return max(1, math.ceil(seconds))
 
 
 def _usd(value: str | None, parse: object) -> float | None:

@@ -3,7 +3,9 @@
 ``summarize`` is the JSON of ``prudent study NAME --json`` (and what ``prudent tune`` prints
 at the end); trial states are ``complete``, ``pruned``, ``failed``, ``running``, ``waiting``.
 ``unit`` says what the trials reported at: ``epoch`` (a loop with ``run.epochs``) or ``step``
-(an iteration loop); the table and the totals count in that unit.
+(an iteration loop); the table and the totals count in that unit. A trial whose machine was
+lost and whose run another trial resumed (Optuna's retry) has ``resumed_as``; the retry has
+``retry_of``: the two are one run, counted once in ``cost_usd_total`` and ``trials_counted``.
 """
 
 from __future__ import annotations
@@ -26,13 +28,21 @@ _STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNIN
 
 def summarize(study: optuna.Study, settings: ProjectSettings | None = None) -> dict[str, Any]:
     """Everything ``prudent study --json`` shows; costs of unfinished trials come from the store."""
+    from prudent.tune.machines import chain_costs, counted, retry_of, superseded
     from prudent.tune.study import meta_of
 
     meta = meta_of(study)
     live = _live_runs(study, settings)
     unit = reported_unit(study)
-    trials = [_trial(t, live.get(t.user_attrs.get("run_id", "")), unit)
-              for t in study.get_trials()]
+    frozen = study.get_trials()
+    resumed_as = superseded(frozen)
+    # a lost trial's cost is what its machine last published: its run is now the retry's
+    trials = [_trial(t, None if t.number in resumed_as else live.get(t.user_attrs.get(
+        "run_id", "")), unit) for t in frozen]
+    for row, t in zip(trials, frozen):
+        row["retry_of"], row["resumed_as"] = retry_of(t), resumed_as.get(t.number)
+    cost_of = {t.number: row["cost_usd"] for row, t in zip(trials, frozen)}
+    runs = chain_costs(frozen, lambda t: cost_of[t.number])
     best = _best(study)
     counts: dict[str, int] = {}
     for t in trials:
@@ -44,12 +54,13 @@ def summarize(study: optuna.Study, settings: ProjectSettings | None = None) -> d
         "best_params": dict(best.params) if best else None,
         "best_trial": best.number if best else None,
         "best_run_id": best.user_attrs.get("run_id") if best else None,
-        "counts": counts, "unit": unit,
+        "counts": counts, "unit": unit, "trials_counted": len(counted(frozen)),
+        "resumed": len(resumed_as),
         "epochs_total": sum(t["epochs"] or 0 for t in trials),
         "epochs_without_pruning": _full_epochs(trials, meta.get("max_epochs")),
         "steps_total": sum(t["steps"] or 0 for t in trials),
         "steps_without_pruning": _full_epochs(trials, meta.get("max_steps"), "steps"),
-        "cost_usd_total": round(sum(t["cost_usd"] or 0.0 for t in trials), 6),
+        "cost_usd_total": round(sum(usd for usd, _ in runs), 6),
         "importances": _importances(study),
         "trials": trials,
     }
@@ -86,8 +97,8 @@ def _trial(t: optuna.trial.FrozenTrial, run: dict[str, Any] | None,
         last = t.intermediate_values[max(t.intermediate_values)]
         value = last if math.isfinite(last) else None
     cost = attrs.get("cost_usd")
-    if cost is None and run is not None:
-        cost = run["cost_usd"]
+    if cost is None:  # still running, or lost with its machine: the spend last known
+        cost = max(float(attrs.get("spent_usd") or 0.0), float((run or {}).get("cost_usd") or 0.0))
     last_reported = max(t.intermediate_values) if t.intermediate_values else 0
     epochs = attrs.get("epochs")
     if epochs is None:  # still running: the last report, or the record's
@@ -189,6 +200,11 @@ def print_summary(summary: dict[str, Any]) -> None:
     counts = ", ".join(f"{n} {s}" for s, n in sorted(summary["counts"].items()))
     full = summary.get(f"{unit}_without_pruning")
     versus = f" ({full} if none had been pruned)" if full else ""
+    for t in summary["trials"]:
+        if t.get("resumed_as") is not None:
+            console.print(f"trial {t['number']} lost its machine; trial {t['resumed_as']} "
+                          f"resumed its run {t['run_id']} (one run, its cost counted once)",
+                          markup=False)
     console.print(f"trials: {counts}; {unit} used {summary[f'{unit}_total']}{versus}; "
                   f"cost ${summary['cost_usd_total']:.4f}", markup=False)
     if summary["best_params"] is not None:

@@ -53,8 +53,13 @@ def storage_url(home: str | Path, name: str, url: str | None = None) -> str:
     return str(Path(home).resolve() / "studies" / f"{name}.journal")
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """A journal file (a path, or ``journal:///path``) or a database URL, opened in one place."""
+def open_storage(url: str, heartbeat_s: int | None = None) -> optuna.storages.BaseStorage:
+    """A journal file (a path, or ``journal:///path``) or a database URL, opened in one place.
+
+    ``heartbeat_s`` (a database only): the workers' storage, with Optuna's heartbeat every
+    that many seconds and the retry of a trial whose machine went silent
+    (:mod:`prudent.tune.machines`).
+    """
     optuna = import_optuna()
     if "://" not in url or url.startswith("journal://"):
         path = Path(url.removeprefix("journal://"))
@@ -62,8 +67,10 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         from optuna.storages.journal import JournalFileBackend
 
         return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+    from prudent.tune.machines import open_rdb
+
     try:
-        return optuna.storages.RDBStorage(url)
+        return open_rdb(url, heartbeat_s)
     except (ImportError, ModuleNotFoundError) as exc:
         raise ConfigError(f"--storage {url!r}: its database driver is missing ({exc}); "
                           "install it, e.g. pip install psycopg2-binary") from None

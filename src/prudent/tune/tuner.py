@@ -53,6 +53,7 @@ class TuneOptions:
     fixed: dict[str, Any] = field(default_factory=dict)  # --set: the same in every trial
     max_steps: int | None = None  # each trial stops (complete) after this many optimizer steps
     min_resource: int | None = None  # the pruner's first rung (epochs or steps)
+    heartbeat_s: int | None = None  # a database storage's trial heartbeat (None: the default)
 
     def validate(self) -> SearchSpace:
         if not self.command:
@@ -66,7 +67,8 @@ class TuneOptions:
             raise ConfigError(f"--pruner {self.pruner!r}: choose one of {', '.join(PRUNERS)}")
         for flag, value in (("--trials", self.trials), ("--workers", self.workers),
                             ("--max-epochs", self.max_epochs), ("--max-steps", self.max_steps),
-                            ("--min-resource", self.min_resource)):
+                            ("--min-resource", self.min_resource),
+                            ("--heartbeat", self.heartbeat_s)):
             if value is not None and value < 1:
                 raise ConfigError(f"{flag} must be >= 1, got {value}")
         for flag, number in (("--timeout", self.timeout_s), ("--budget-usd", self.budget_usd),
@@ -89,6 +91,12 @@ class TuneOptions:
         if self.min_resource is not None and self.pruner != "none":
             args["min_resource"] = self.min_resource
         return {"name": self.pruner, "args": args}
+
+    @property
+    def across_machines(self) -> bool:
+        """A database storage: the study may be shared by several machines' tuners."""
+        return bool(self.storage) and "://" in str(self.storage) and not str(
+            self.storage).startswith(("journal://", "sqlite:"))
 
     @property
     def max_resource(self) -> int | None:
@@ -140,6 +148,7 @@ class Tuner:
         for line in projection.lines():
             self._say(line)
         _clear_halt(self.home, self.name)
+        self._say_machines()
         code = self._work(storage, projection)
         summary = summarize(study, self.settings)
         summary["plots"] = write_plots(study, Path(self.home) / "studies" / self.name)
@@ -188,6 +197,24 @@ class Tuner:
         self._say(f"warm start: {len(configs)} configuration(s) from study {name!r} go first")
         return configs
 
+    def _say_machines(self) -> None:
+        """Across machines, a lost machine's trial resumes elsewhere only from shared storage."""
+        from prudent.tune.machines import DEFAULT_HEARTBEAT_S, GRACE_HEARTBEATS
+
+        if not self.options.across_machines:
+            return
+        beat = self.options.heartbeat_s or DEFAULT_HEARTBEAT_S
+        url = self.settings.checkpoint.url
+        where = (f"each trial checkpoints under {url.rstrip('/')}/<run id>" if url and
+                 "{run_id}" not in url else f"each trial checkpoints at {url}" if url else
+                 "trials checkpoint on this machine's disk (checkpoint.url is not set): a "
+                 "trial whose machine is lost restarts from scratch elsewhere and the money it "
+                 "spent there is not carried; set checkpoint.url (or PRUDENT_CHECKPOINT_URL) "
+                 "to storage every machine reaches, e.g. s3://bucket/tune")
+        self._say(f"across machines: a trial silent for {beat * GRACE_HEARTBEATS} s "
+                  f"({GRACE_HEARTBEATS} heartbeats of {beat} s) has lost its machine and is "
+                  f"resumed by another; {where}")
+
     # workers ----------------------------------------------------------------------------
     def _work(self, storage: str, projection: Any) -> int:
         from prudent.tune.worker import FATAL_CODE, TuneJob
@@ -199,7 +226,8 @@ class Tuner:
                       deadline=time.time() + o.timeout_s if o.timeout_s else None,
                       trial_usd_estimate=projection.trial_usd, seed=o.seed,
                       config_path=o.config_path, max_restarts=o.max_restarts,
-                      fixed=dict(o.fixed), max_steps=o.max_steps, threads=self._threads())
+                      fixed=dict(o.fixed), max_steps=o.max_steps, threads=self._threads(),
+                      heartbeat_s=self._heartbeat_s())
         with self.forwarder:
             for index in range(o.workers):
                 # own session: a terminal's Ctrl-C reaches a worker once, through the forwarder
@@ -212,6 +240,13 @@ class Tuner:
         if self.forwarder.signals_seen:
             return 130
         return 0 if all(c == 0 for c in codes) else 1
+
+    def _heartbeat_s(self) -> int | None:
+        from prudent.tune.machines import DEFAULT_HEARTBEAT_S
+
+        if not self.options.across_machines:
+            return None  # a journal file or SQLite: one machine, its orphans found by pid
+        return self.options.heartbeat_s or DEFAULT_HEARTBEAT_S
 
     def _threads(self, environ: Mapping[str, str] | None = None) -> int | None:
         """Threads per trial so that workers x threads fit the cores (None: the user's
@@ -309,8 +344,9 @@ def _cores() -> int:
 
 
 def _counted(study: Any) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.state.name != "WAITING" and not t.user_attrs.get("fatal"))
+    from prudent.tune.machines import counted
+
+    return len(counted(study.get_trials(deepcopy=False)))
 
 
 def _measured(study: Any, settings: ProjectSettings, unit: str = "epoch"

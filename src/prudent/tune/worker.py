@@ -5,7 +5,9 @@ Workers share nothing but the study's storage (and, on one machine, a lock file 
 command with a run id derived from the trial, so the trial, its run, its checkpoints and its
 events stay linked. A trial whose worker died (the worker's pid and host are in the trial's
 user attributes) is claimed by the next worker on that host and resumed from its checkpoint
-under the same run id, keeping its number: no trial is lost or run twice.
+under the same run id, keeping its number: no trial is lost or run twice. A trial whose whole
+machine vanished stops beating; a worker on another machine fails it and resumes its run from
+its checkpoint as Optuna's retry of it (:mod:`prudent.tune.machines`).
 
 Run as ``python -m prudent.tune.worker`` with the job in its launch spec (``launch.py``).
 """
@@ -15,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -59,6 +60,7 @@ class TuneJob:
     fixed: dict[str, Any] = field(default_factory=dict)  # --set: the same in every trial
     max_steps: int | None = None  # a trial stops (complete) after this many optimizer steps
     threads: int | None = None  # OMP_NUM_THREADS of each trial (None: inherited)
+    heartbeat_s: int | None = None  # a database storage's trial heartbeat (machines.py)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +89,9 @@ class FatalStudyError(ConfigError):
 class Worker:
     def __init__(self, job: TuneJob, index: int = 0) -> None:
         from prudent.config import load_settings
+        from prudent.record.attempt import host_name
         from prudent.store import Store
+        from prudent.tune.machines import MachinesLock
         from prudent.tune.space import load_space
         from prudent.tune.strategy import make_pruner, make_sampler
         from prudent.tune.study import load, meta_of, open_storage
@@ -95,7 +99,9 @@ class Worker:
         self.job, self.index = job, index
         self.settings = load_settings(job.config_path)
         seed = None if job.seed is None else job.seed + index
-        self.storage = open_storage(job.storage)  # kept: trial ids and attributes go through it
+        # kept: trial ids, attributes and heartbeats go through it
+        self.storage = open_storage(job.storage, job.heartbeat_s)
+        self.machines = MachinesLock(job.storage, job.study)
         self.study = load(job.study, self.storage,
                           sampler=make_sampler(job.sampler, workers=job.workers, seed=seed),
                           pruner=make_pruner(job.pruner["name"], **job.pruner.get("args", {})))
@@ -104,7 +110,7 @@ class Worker:
         self.space = load_space(self.meta["space"])
         self.store = Store.open(self.settings.store)
         tuner = os.getppid()
-        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "created": _created(os.getpid()),
+        self.me = {"host": host_name(), "pid": os.getpid(), "created": _created(os.getpid()),
                    "tuner": {"pid": tuner, "created": _created(tuner)}}
         self.stopping = False
 
@@ -117,8 +123,8 @@ class Worker:
         patience = time.monotonic() + _ORPHAN_WAIT_S * 2
         try:
             while not self.stopping:
-                with study_lock(self.job.home, self.job.study):
-                    task = self._claim_orphan() or self._ask()
+                with study_lock(self.job.home, self.job.study), self.machines.held():
+                    task = self._pick()
                 if task is None:
                     if self._winding_down() and not self.stopping and time.monotonic() < patience:
                         time.sleep(0.5)  # a dead tuner's worker is still releasing a trial
@@ -132,12 +138,31 @@ class Worker:
             print(f"prudent: error: {exc}", file=sys.stderr, flush=True)
             return FATAL_CODE
         finally:
+            self.machines.close()
             self.store.close()
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stopping = True
 
     # picking a trial ----------------------------------------------------------------------
+    def _pick(self) -> Task | None:
+        """Under the study's locks: fail the trials of lost machines (Optuna enqueues their
+        retries), then resume an orphan of this machine, else ask (a retry pops first)."""
+        from prudent.tune.machines import fail_stale
+
+        fail_stale(self.study)
+        task = self._claim_orphan() or self._ask()
+        if task is not None:
+            self._beat(task.trial_id)
+        return task
+
+    def _beat(self, trial_id: int) -> None:
+        """The first heartbeat before the locks go: a trial just picked is never stale."""
+        from prudent.tune.machines import heartbeat_s_of
+
+        if heartbeat_s_of(self.storage):
+            self.storage.record_heartbeat(trial_id)
+
     def _claim_orphan(self) -> Task | None:
         import optuna
 
@@ -173,12 +198,26 @@ class Worker:
             if reason != "done":
                 print(f"prudent: tune: {reason}", file=sys.stderr, flush=True)
             return None
-        trial = self.study.ask()
+        from prudent.tune.machines import CARRIES_ATTR, quiet, retry_of
+
+        with quiet():  # study.ask warns that heartbeats are meant for study.optimize
+            trial = self.study.ask()
         params = self.space.suggest(trial)
-        run_id = f"{self.job.study}-{self.meta['token']}-t{trial.number:04d}"[-128:]
+        trial_id = self._id_of(trial.number)
+        frozen = self.storage.get_trial(trial_id)
+        lost = retry_of(frozen)
+        run_id = frozen.user_attrs.get("run_id") if lost is not None else None
         trial.set_user_attr("worker", self.me)
+        if run_id:  # the retry of a trial whose machine was lost: its run goes on
+            print(f"prudent: tune: trial {lost} lost its machine "
+                  f"({(frozen.user_attrs.get('worker') or {}).get('host', '?')}: no heartbeat); "
+                  f"trial {trial.number} resumes its run {run_id} from its checkpoint",
+                  file=sys.stderr, flush=True)
+            return Task(trial.number, trial_id, params, run_id, resumed=True)
+        run_id = f"{self.job.study}-{self.meta['token']}-t{trial.number:04d}"[-128:]
         trial.set_user_attr("run_id", run_id)
-        return Task(trial.number, self._id_of(trial.number), params, run_id)
+        trial.set_user_attr(CARRIES_ATTR, self._checkpoint_base() is not None)
+        return Task(trial.number, trial_id, params, run_id)
 
     def _id_of(self, number: int) -> int:
         return self.storage.get_trial_id_from_study_id_trial_number(self.study_id, number)
@@ -188,27 +227,63 @@ class Worker:
 
         if self.stopping or _halted(self.job):
             return "done"
-        trials = [t for t in self.study.get_trials(deepcopy=False)
-                  if t.state.name != "WAITING" and not t.user_attrs.get("fatal")]
-        if self.job.trials is not None and len(trials) >= self.job.trials:
+        from prudent.tune.machines import chain_costs, counted
+
+        every = self.study.get_trials(deepcopy=False)
+        if self.job.trials is not None and len(counted(every)) >= self.job.trials:
             return "done"
         if self.job.deadline is not None and time.time() >= self.job.deadline:
             return "timeout reached: no new trial starts"
-        finished = [self._cost(t) for t in trials if t.state.is_finished()]
-        running = [self._cost(t) for t in trials if not t.state.is_finished()]
+        runs = chain_costs(every, self._cost)  # every machine's trials, a retry chain once
+        finished = [usd for usd, done in runs if done]
+        running = [usd for usd, done in runs if not done]
         fits, why = next_trial_fits(self.job.budget_usd, finished, running,
                                     self.job.trial_usd_estimate)
         return "" if fits else why
 
     def _cost(self, trial: Any) -> float:
+        """A finished trial's cost; a running one's spend so far: this machine's store, or
+        what the trial's machine published with its heartbeat."""
+        from prudent.tune.machines import SPENT_ATTR
+
         if "cost_usd" in trial.user_attrs:
             return float(trial.user_attrs["cost_usd"])
+        published = float(trial.user_attrs.get(SPENT_ATTR) or 0.0)
+        if trial.state.is_finished():  # lost with its machine: its run may go on in a retry
+            return published
+        return max(published, self._spent(trial))
+
+    def _spent(self, trial: Any) -> float:
         run = self.store.get_run(trial.user_attrs.get("run_id", "")) if trial.user_attrs else None
         return float(run["cost_usd"] or 0.0) if run else 0.0
+
+    def _checkpoint_base(self) -> str | None:
+        return self.settings.checkpoint.url
+
+    def _checkpoint_url(self, run_id: str) -> str | None:
+        """Each trial's own checkpoint location under ``checkpoint.url`` (``{run_id}`` in it is
+        replaced, else the run id is appended): one run's record never mixes with another's."""
+        base = self._checkpoint_base()
+        if base is None:
+            return None
+        if "{run_id}" in base:
+            return base.replace("{run_id}", run_id)
+        return f"{base.rstrip('/')}/{run_id}"
 
     # running it ---------------------------------------------------------------------------
     def _run_task(self, task: Task) -> bool:
         """Run (or resume, or just settle) a trial; False when this worker must stop."""
+        from prudent.tune.machines import TrialHeartbeat
+
+        with TrialHeartbeat(self.storage, task.trial_id, lambda: self._spent_of(task)):
+            code = self._run_or_settle(task)
+        return self._settle(task, code)
+
+    def _spent_of(self, task: Task) -> float | None:
+        run = self.store.get_run(task.run_id)
+        return float(run["cost_usd"] or 0.0) if run else None
+
+    def _run_or_settle(self, task: Task) -> int:
         code: int | None = None
         if task.resumed:
             record = self._wait_for_previous(task)
@@ -219,7 +294,7 @@ class Worker:
                       f"{task.run_id} from its checkpoint", file=sys.stderr, flush=True)
         if code is None:
             code = self._launch(task)
-        return self._settle(task, code)
+        return code
 
     def _launch(self, task: Task) -> int:
         if self.stopping:  # told to stop after this trial was picked: it stays resumable
@@ -230,11 +305,13 @@ class Worker:
                           number=task.number, objective=job.objective, pruner=dict(job.pruner),
                           max_steps=job.max_steps)
         threads = {} if job.threads is None else {"OMP_NUM_THREADS": str(job.threads)}
+        url = self._checkpoint_url(task.run_id)
+        settings = {} if url is None else {("checkpoint", "url"): url}
         supervisor = Supervisor(
             job.command, self.settings, run_id=task.run_id,
             name=f"{job.study}-trial-{task.number}", overrides={**job.fixed, **task.params},
             config_path=job.config_path, max_restarts=job.max_restarts,
-            spec=LaunchSpec(trial=trial), extra_env=threads)
+            spec=LaunchSpec(trial=trial, settings=settings), extra_env=threads)
         code = supervisor.run()
         if supervisor.signals_seen:
             self.stopping = True
@@ -258,6 +335,11 @@ class Worker:
 
         record = self.store.get_run(task.run_id) or {}
         reason = record.get("stop_reason")
+        if self.storage.get_trial(task.trial_id).state.is_finished():
+            print(f"prudent: tune: trial {task.number} was failed by another machine while it "
+                  "ran here (its heartbeat went silent); its retry continues run "
+                  f"{task.run_id}", file=sys.stderr, flush=True)
+            return not self.stopping
         if code in _INTERRUPTED or code < 0 or reason in ("preempted", "interrupted"):
             # left RUNNING on purpose: the next `prudent tune` resumes it from its checkpoint
             self.storage.set_trial_user_attr(task.trial_id, "worker", None)
