@@ -20,6 +20,7 @@ from prudent.errors import ConfigError, ExitCode, PrudentError
 from prudent.hparams import parse_set_args
 from prudent.launch import LaunchSpec, setting_var
 from prudent.preflight.command import preflight as preflight_command
+from prudent.report import commands as report_commands
 from prudent.store import Store, resolve_run
 from prudent.tune import commands as tune_commands
 
@@ -215,6 +216,8 @@ app.add_typer(cost_commands.policy_app, name="policy")
 app.command("tune", context_settings={"allow_extra_args": True,
                                      "ignore_unknown_options": True})(tune_commands.tune)
 app.command("study")(tune_commands.study)
+app.command("report")(report_commands.report)
+app.command("ui")(report_commands.ui)
 
 
 def main() -> None:

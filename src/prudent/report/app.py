@@ -1,0 +1,146 @@
+"""``prudent ui``: the report's pages served live from the store, read-only.
+
+Starlette, GET only (any other method is answered 405: nothing here writes). Each page is the
+report's shell; its data comes from ``/api/...`` (the same dicts as the report), fetched while
+Plotly's bundle loads, and a running run's page polls its ``/api/runs/ID?since=TOKEN`` every
+second: the answer is ``{"unchanged": true}`` until the run gains a metric or an event. A run's
+data is cached by that token, so a finished run's downsampling runs once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from prudent.errors import ConfigError
+from prudent.report.pages import compare_page, run_page, runs_page
+from prudent.report.reader import ReadOnlyStore
+from prudent.report.render import asset, page_html, plotly_js, to_json
+from prudent.report.study import list_studies, study_page
+from prudent.store import resolve_run
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from prudent.config import ProjectSettings
+
+__all__ = ["create_app"]
+
+_ASSETS = {"app.js": "text/javascript", "app.css": "text/css",
+           "plotly.min.js": "text/javascript"}
+
+
+class _RunCache:
+    """The newest pages of a few runs, each with the token it was built at."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.pages: OrderedDict[str, tuple[int, dict[str, Any]]] = OrderedDict()
+        self.size = size
+        self.lock = threading.Lock()
+
+    def get(self, run_id: str, token: int) -> dict[str, Any] | None:
+        with self.lock:
+            found = self.pages.get(run_id)
+            return found[1] if found and found[0] == token else None
+
+    def put(self, run_id: str, token: int, page: dict[str, Any]) -> None:
+        with self.lock:
+            self.pages[run_id] = (token, page)
+            self.pages.move_to_end(run_id)
+            while len(self.pages) > self.size:
+                self.pages.popitem(last=False)
+
+
+def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
+    """The dashboard over ``store`` (opened read-only by the caller, closed by it too)."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse, Response
+    from starlette.routing import Route
+
+    home = settings.store.home
+    cache = _RunCache()
+
+    def json_response(data: Any, status: int = 200) -> Response:
+        return Response(to_json(data), status_code=status, media_type="application/json",
+                        headers={"Cache-Control": "no-store"})
+
+    def shell(title: str, data_url: str, live: bool) -> Response:
+        return HTMLResponse(page_html(None, title, inline=False, data_url=data_url, live=live),
+                            headers=_SECURITY_HEADERS)
+
+    def runs_html(request: Request) -> Response:
+        return shell("runs", "/api/runs", live=True)
+
+    def runs_api(request: Request) -> Response:
+        return json_response(runs_page(store, list_studies(home)))
+
+    def run_html(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        return shell(f"run {run_id}", f"/api/runs/{quote(run_id, safe='')}", live=True)
+
+    def run_api(request: Request) -> Response:
+        try:
+            run_id = resolve_run(store, request.path_params["run_id"])
+        except ConfigError as exc:
+            return json_response({"error": str(exc)}, 404)
+        token = store.metrics_token(run_id)
+        if request.query_params.get("since") == str(token):
+            return json_response({"unchanged": True, "token": token})
+        page = cache.get(run_id, token)
+        if page is None or page["run"]["status"] == "running":
+            page = run_page(store, run_id, home)
+            cache.put(run_id, page["token"], page)
+        return json_response(page)
+
+    def compare_html(request: Request) -> Response:
+        ids = request.query_params.get("ids", "")
+        return shell("compare", f"/api/compare?ids={quote(ids, safe=',')}", live=False)
+
+    def compare_api(request: Request) -> Response:
+        refs = [r for r in request.query_params.get("ids", "").split(",") if r]
+        try:
+            ids = [resolve_run(store, r) for r in refs]
+        except ConfigError as exc:
+            return json_response({"error": str(exc)}, 404)
+        if len(ids) < 2:
+            return json_response({"error": "compare needs two or more runs: /compare?ids=A,B"},
+                                 400)
+        return json_response(compare_page(store, ids))
+
+    def study_html(request: Request) -> Response:
+        name = request.path_params["name"]
+        return shell(f"study {name}", f"/api/studies/{quote(name, safe='')}", live=False)
+
+    def study_api(request: Request) -> Response:
+        try:
+            return json_response(study_page(settings, request.path_params["name"]))
+        except ConfigError as exc:
+            return json_response({"error": str(exc)}, 404)
+
+    def assets(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in _ASSETS:
+            return Response("not found", status_code=404)
+        body = plotly_js() if name == "plotly.min.js" else asset(name)
+        return Response(body, media_type=_ASSETS[name], headers={"Cache-Control": "max-age=3600"})
+
+    routes = [Route("/", runs_html), Route("/api/runs", runs_api),
+              Route("/runs/{run_id}", run_html), Route("/api/runs/{run_id}", run_api),
+              Route("/compare", compare_html), Route("/api/compare", compare_api),
+              Route("/studies/{name}", study_html), Route("/api/studies/{name}", study_api),
+              Route("/assets/{name}", assets)]
+    return Starlette(routes=routes)
+
+
+# The pages run only our own scripts, and talk only to this server.
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline' "
+    "'unsafe-eval'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+    "connect-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}

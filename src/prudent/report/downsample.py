@@ -1,0 +1,79 @@
+"""Metric series small enough to draw, with every extreme still visible.
+
+A run's steps are cut into at most ``num_buckets`` equal step ranges and the database returns,
+per metric and range, the count, the first and last step, the smallest and the largest value
+(one aggregate query over the run's rows, whatever their number: a million rows never cross
+into Python). A range holding one point gives that point exactly; a range holding more gives
+two points, its minimum and its maximum, so a spike or a dip is never averaged away (the
+min/max envelope that M4 and Plotly's own resamplers draw). A run with fewer steps than
+buckets comes back exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+from prudent.report.reader import ReadOnlyStore
+from prudent.store import metrics as metrics_table
+
+__all__ = ["DEFAULT_BUCKETS", "Series", "envelope", "run_series"]
+
+DEFAULT_BUCKETS = 1500
+
+Series = dict[str, Any]  # {"name", "steps": [...], "values": [...], "count", "downsampled"}
+
+
+def run_series(store: ReadOnlyStore, run_id: str, last_step: int,
+               num_buckets: int = DEFAULT_BUCKETS) -> list[Series]:
+    """Every metric of the run, each at most ``2 * num_buckets`` points, by name."""
+    width = max(1, math.ceil((max(last_step, 1) + 1) / num_buckets))
+    m = metrics_table.c
+    bucket = (m.step // width).label("bucket") if width > 1 else m.step.label("bucket")
+    stmt = (sa.select(m.name, bucket, sa.func.count(), sa.func.min(m.step), sa.func.max(m.step),
+                      sa.func.min(m.value), sa.func.max(m.value), sa.func.count(m.value))
+            .where(m.run_id == run_id).group_by(m.name, bucket).order_by(m.name, bucket))
+    grouped: dict[str, list[Sequence[Any]]] = {}
+    for row in store.read(stmt):
+        grouped.setdefault(row[0], []).append(row[2:])
+    return [envelope(name, rows) for name, rows in grouped.items()]
+
+
+def envelope(name: str, buckets: Iterable[Sequence[Any]]) -> Series:
+    """Points from bucket aggregates ``(count, first step, last step, min, max, finite count)``.
+
+    A bucket with only missing values (NaN is stored as NULL) gives a gap (``None``) at its
+    first step, so the line breaks where the metric did.
+    """
+    steps: list[int] = []
+    values: list[float | None] = []
+    total, reduced = 0, False
+    for count, first, last, low, high, num_finite in buckets:
+        total += count
+        if not num_finite:
+            steps.append(first)
+            values.append(None)
+        elif count == 1 or low == high:
+            steps.append(first if count == 1 else last)
+            values.append(_round(low))
+        else:
+            reduced = True
+            previous = next((v for v in reversed(values) if v is not None), low)
+            previous = previous if math.isfinite(previous) else 0.0
+            pair = [(first, low), (last, high)]
+            if abs(previous - high) < abs(previous - low):  # follow the line, not a zigzag
+                pair = [(first, high), (last, low)]
+            for step, value in pair:
+                steps.append(step)
+                values.append(_round(value))
+    return {"name": name, "steps": steps, "values": values, "count": total,
+            "downsampled": reduced}
+
+
+def _round(value: float) -> float | None:
+    """Seven significant digits: what a chart can show, and a third of the bytes of repr.
+    Infinities (PostgreSQL keeps NaN too) are gaps: JSON has no number for them."""
+    return float(f"{value:.7g}") if math.isfinite(value) else None

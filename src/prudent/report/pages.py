@@ -1,0 +1,177 @@
+"""What each page shows, as one JSON-able dict: the runs table, a run, runs compared.
+
+The same dicts feed the self-contained report (inlined) and the dashboard (its JSON API), so
+the two cannot drift. They reuse what the command line computes: the cost breakdown of
+``prudent cost`` / ``show --json`` (:func:`prudent.cost.commands.breakdown`), the profile
+summary and findings the profiler recorded, the run folder's ``profile.json`` timeline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from prudent.report.downsample import run_series
+from prudent.report.reader import ReadOnlyStore
+
+__all__ = ["MARKER_KINDS", "compare_page", "marker_kind", "run_page", "runs_page", "verdict"]
+
+# Events drawn on the curves, by what a person calls them.
+MARKER_KINDS = ("checkpoint", "rule", "restart", "preemption", "budget", "capture", "finding",
+                "stop")
+_MARKER_OF = {("checkpoint", "saved"): "checkpoint", ("checkpoint", "resumed"): "restart",
+              ("checkpoint", "record_imported"): "restart", ("preemption", "notice"): "preemption",
+              ("cost", "limit"): "budget", ("capture", "written"): "capture",
+              ("lifecycle", "stop_requested"): "stop"}
+MAX_MARKERS_PER_KIND = 400  # checkpoints of a long run: evenly thinned, first and last kept
+MAX_EVENT_ROWS = 2000
+
+
+def runs_page(store: ReadOnlyStore, studies: list[str], limit: int = 1000) -> dict[str, Any]:
+    """Every run (newest first) with what the runs table shows, and the studies."""
+    now = time.time()
+    rows = []
+    for run in store.list_runs(limit):
+        ended = run["ended_at"] or (now if run["status"] == "running" else None)
+        rows.append({k: run[k] for k in ("id", "name", "status", "stop_reason", "started_at",
+                                         "step", "epoch", "restarts", "cost_usd")}
+                    | {"duration_s": round(ended - run["started_at"], 3) if ended else None,
+                       "metrics": store.last_metrics(run["id"])})
+    return {"page": "runs", "runs": rows, "studies": studies}
+
+
+def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None) -> dict[str, Any]:
+    """One run: summary, curves with their event markers, profile, cost, config, events."""
+    from prudent.cost.commands import breakdown
+
+    run = store.get_run(run_id)
+    if run is None:
+        raise KeyError(run_id)
+    events = store.events(run_id)
+    profile = _newest(events, "profile", "summary")
+    summary = _summary(run, store.last_metrics(run_id))
+    findings = [{"id": e["name"], "step": e["step"], "message": e["message"]}
+                for e in events if e["kind"] == "finding"]
+    return {
+        "page": "run", "run": summary, "verdict": verdict(summary, findings),
+        "token": store.metrics_token(run_id),
+        "series": run_series(store, run_id, run["step"]),
+        "markers": _markers(events), "events": _event_rows(events),
+        "profile": profile, "timeline": _timeline(home, run_id), "findings": findings,
+        "cost": breakdown(store, run_id), "cost_over_time": _cost_over_time(run, events),
+    }
+
+
+def compare_page(store: ReadOnlyStore, run_ids: list[str]) -> dict[str, Any]:
+    """Several runs: their curves overlaid, their configs side by side."""
+    runs = []
+    for run_id in run_ids:
+        run = store.get_run(run_id)
+        if run is None:
+            raise KeyError(run_id)
+        runs.append({"run": _summary(run, store.last_metrics(run_id)),
+                     "series": run_series(store, run_id, run["step"])})
+    keys = sorted({k for r in runs for k in _flat(r["run"]["config"])})
+    table = [{"key": k, "values": [_flat(r["run"]["config"]).get(k) for r in runs]} for k in keys]
+    for row in table:
+        row["differs"] = len({json.dumps(v, sort_keys=True) for v in row["values"]}) > 1
+    return {"page": "compare", "runs": runs, "config": table}
+
+
+def verdict(run: dict[str, Any], findings: list[dict[str, Any]] | None = None) -> str:
+    """One line: how the run ended, how far it got, its last metrics, findings and cost."""
+    status = run["status"]
+    how = f"{status} ({run['stop_reason']})" if run.get("stop_reason") else status
+    took = f" after {timedelta(seconds=round(run['duration_s']))}" if run.get("duration_s") else ""
+    restarts = f", {run['restarts']} restart{'s' * (run['restarts'] != 1)}" \
+        if run.get("restarts") else ""
+    metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(run["metrics"].items())[:4]
+                       if v is not None)
+    found = f"; findings: {', '.join(sorted({f['id'] for f in findings}))}" if findings else ""
+    return (f"run {run['id']} {how}{took}, {run['step']} steps{restarts}"
+            f"{'; ' + metrics if metrics else ''}{found}; cost ${run['cost_usd']:.2f}")
+
+
+def marker_kind(event: dict[str, Any]) -> str | None:
+    """The marker an event draws on the curves (see MARKER_KINDS), or None."""
+    if event["kind"] == "rule":
+        return "rule"
+    if event["kind"] in ("finding", "capture_requested"):
+        return "finding" if event["kind"] == "finding" else "capture"
+    if (event["kind"], event["name"]) == ("lifecycle", "start") and event.get("attempt", 0):
+        return "restart"
+    return _MARKER_OF.get((event["kind"], event["name"]))
+
+
+def _summary(run: dict[str, Any], metrics: dict[str, float | None]) -> dict[str, Any]:
+    ended = run["ended_at"] or (time.time() if run["status"] == "running" else None)
+    keys = ("id", "name", "status", "stop_reason", "config", "restarts", "cost_usd", "step",
+            "epoch", "host", "command", "exit_code", "started_at", "ended_at")
+    return {k: run[k] for k in keys} | {
+        "metrics": metrics,
+        "duration_s": round(ended - run["started_at"], 3) if ended else None}
+
+
+def _newest(events: list[dict[str, Any]], kind: str, name: str) -> Any:
+    found = [e["payload"] for e in events if (e["kind"], e["name"]) == (kind, name)]
+    return found[-1] if found else None
+
+
+def _markers(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    starts = 0
+    for event in events:
+        if (event["kind"], event["name"]) == ("lifecycle", "start"):
+            event = {**event, "attempt": starts}
+            starts += 1
+        kind = marker_kind(event)
+        if kind is not None:
+            by_kind.setdefault(kind, []).append(
+                {"step": event["step"], "kind": kind, "name": event["name"],
+                 "message": event["message"], "wall": event["wall"]})
+    return [m for kind in MARKER_KINDS for m in _thin(by_kind.get(kind, []))]
+
+
+def _thin(items: list[Any], most: int = MAX_MARKERS_PER_KIND) -> list[Any]:
+    if len(items) <= most:
+        return items
+    stride = (len(items) - 1) / (most - 1)
+    return [items[round(i * stride)] for i in range(most)]
+
+
+def _event_rows(events: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [{k: e[k] for k in ("step", "kind", "name", "message", "wall")} for e in events]
+    return {"total": len(rows), "rows": rows[-MAX_EVENT_ROWS:]}
+
+
+def _timeline(home: str | Path | None, run_id: str) -> list[dict[str, Any]]:
+    """The profiler's samples (throughput, CPU, GPU, memory every few seconds), when the run's
+    folder is on this machine."""
+    if home is None:
+        return []
+    path = Path(home).resolve() / "runs" / run_id / "profile.json"
+    try:
+        return list(json.loads(path.read_text()).get("timeline") or [])
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def _cost_over_time(run: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    points = [{"wall": run["started_at"], "usd": 0.0, "step": 0}]
+    for e in events:
+        if e["kind"] == "cost" and e["name"] in ("meter", "limit") and "total_usd" in e["payload"]:
+            points.append({"wall": e["wall"], "usd": e["payload"]["total_usd"], "step": e["step"]})
+    return points
+
+
+def _flat(config: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(config, dict):
+        return {prefix: config}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        flat.update(_flat(value, name) if isinstance(value, dict) and value else {name: value})
+    return flat

@@ -1,0 +1,88 @@
+"""Read-only access to the run store, for the report and the dashboard.
+
+A training run writes the same SQLite file while a person looks at it, so the viewer must never
+take a lock a writer waits on: SQLite is opened with ``mode=ro`` and ``query_only`` (no
+statement can write, by construction), each read is one short statement (WAL readers never
+block the writer), and a busy database is waited on, never reported as "database is locked".
+PostgreSQL sessions are opened read-only (``default_transaction_read_only``). The schema is
+checked, never migrated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from prudent.errors import ConfigError, StoreError
+from prudent.store import SCHEMA_VERSION, Store, database_url, mask_url
+
+__all__ = ["ReadOnlyStore", "open_readonly"]
+
+
+class ReadOnlyStore(Store):
+    """The store's typed reads (``get_run``, ``list_runs``, ``events``, ...) over a read-only
+    connection. Its writing methods fail: the database refuses them."""
+
+    def __init__(self, url: str) -> None:  # no super().__init__: that would migrate (write)
+        self.url = mask_url(url)
+        self.engine = _readonly_engine(database_url(url))
+        self.unreachable_wait_s = 0.0
+        try:
+            version = self.schema_version()
+        except sa.exc.DBAPIError as exc:
+            self.engine.dispose()
+            raise StoreError(f"cannot read the run store {self.url}: "
+                             f"{str(exc.orig).splitlines()[0]}") from None
+        if version > SCHEMA_VERSION:
+            self.engine.dispose()
+            raise StoreError(f"the run store {self.url} has schema version {version}, newer "
+                             f"than this prudent understands ({SCHEMA_VERSION}): upgrade prudent")
+
+    def read(self, statement: sa.Executable, params: dict[str, Any] | None = None) -> list[Any]:
+        """All rows of one statement, in one short read."""
+        return list(self._read(lambda conn: conn.execute(statement, params or {}).all()))
+
+    def metrics_token(self, run_id: str) -> int:
+        """Changes whenever the run gains a metric or an event: what the live page polls."""
+        from prudent.store import events, metrics
+
+        newest = sa.select(sa.func.coalesce(sa.func.max(metrics.c.id), 0)).where(
+            metrics.c.run_id == run_id).scalar_subquery()
+        newest_event = sa.select(sa.func.coalesce(sa.func.max(events.c.id), 0)).where(
+            events.c.run_id == run_id).scalar_subquery()
+        row = self.read(sa.select(newest, newest_event))[0]
+        return int(row[0]) * 1_000_003 + int(row[1])
+
+
+def open_readonly(settings_store: Any) -> ReadOnlyStore:
+    """The store of ``store:`` settings, read-only; a clear error when there is none yet."""
+    url = settings_store.url
+    if url is None:
+        path = Path(settings_store.home).resolve() / "prudent.db"
+        if not path.exists():
+            raise ConfigError(f"no run store at {path}: run something first (prudent run -- "
+                              "python train.py), or point PRUDENT_HOME / store.url at the store")
+        url = f"sqlite:///{path}"
+    return ReadOnlyStore(url)
+
+
+def _readonly_engine(url: str) -> sa.Engine:
+    parsed = sa.engine.make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return sa.create_engine(url, pool_pre_ping=True, connect_args={
+            "connect_timeout": 10, "options": "-c default_transaction_read_only=on"})
+    path = Path(parsed.database or "").resolve()
+    engine = sa.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true",
+                              connect_args={"timeout": 30, "check_same_thread": False})
+
+    @sa.event.listens_for(engine, "connect")
+    def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # autocommit: each SELECT is its own short snapshot
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA query_only=1")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    return engine

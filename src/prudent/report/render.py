@@ -1,0 +1,88 @@
+"""The HTML of every page: one shell, the page's data as JSON, the script that draws it.
+
+The report inlines everything (Plotly's bundle from the installed ``plotly`` package, our
+script and style, the data): one file that opens offline. The dashboard links the same
+assets from its own server. User strings never become markup here: the data travels as JSON
+inside a ``<script type="application/json">`` element with ``<``, ``>`` and ``&`` written as
+``\\u003c``..., and the page's script puts every string into the page with ``textContent``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from prudent.errors import ConfigError
+
+__all__ = ["asset", "page_html", "plotly_js", "to_json"]
+
+_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                       "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def to_json(data: Any) -> str:
+    """JSON safe inside a ``<script>`` element; NaN and infinities become null."""
+    return json.dumps(_finite(data), separators=(",", ":"), default=str).translate(_SAFE)
+
+
+def page_html(data: dict[str, Any] | None, title: str, *, inline: bool,
+              data_url: str | None = None, live: bool = False) -> str:
+    """A whole page. ``inline``: the report (assets and data in the file); else the dashboard's
+    page, which links its assets and may fetch its data from ``data_url`` (and poll it when
+    ``live``)."""
+    blob = "" if data is None else to_json(data)
+    fetch = ("" if data_url is None else
+             f"<script>window.prudentFetch=fetch({json.dumps(data_url)}).then(r=>r.json());"
+             "</script>")
+    if inline:
+        assets = (f"<style>{asset('app.css')}</style>"
+                  f"<script>{_script_safe(plotly_js())}</script>"
+                  f"<script>{_script_safe(asset('app.js'))}</script>")
+    else:
+        assets = ('<link rel="stylesheet" href="/assets/app.css">'
+                  '<script src="/assets/plotly.min.js"></script>'
+                  '<script src="/assets/app.js"></script>')
+    settings = to_json({"links": not inline, "live": live, "data_url": data_url})
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width,initial-scale=1">'
+            f"<title>{html.escape(title)}</title>{fetch}</head><body>"
+            f'<header><a class="brand" href="{"/" if not inline else "#"}">prudent</a>'
+            f'<span id="title"></span></header><main id="app"><p class="loading">loading…</p>'
+            f"</main>"
+            f'<script type="application/json" id="prudent-settings">{settings}</script>'
+            f'<script type="application/json" id="prudent-data">{blob}</script>'
+            f"{assets}</body></html>")
+
+
+def asset(name: str) -> str:
+    """Our own script or style, from the package."""
+    return resources.files("prudent.report").joinpath("assets", name).read_text("utf-8")
+
+
+@cache
+def plotly_js() -> str:
+    """Plotly's bundle as the ``plotly`` package installed it (never a CDN, never a copy)."""
+    try:
+        from plotly.offline import get_plotlyjs
+    except ImportError:
+        raise ConfigError("prudent report and prudent ui draw with plotly: "
+                          "pip install 'prudent[ui]'") from None
+    return str(get_plotlyjs())
+
+
+def _script_safe(code: str) -> str:
+    return code.replace("</script", "<\\/script").replace("<!--", "<\\!--")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,113 @@
+"""``prudent report`` and ``prudent ui`` from the command line; what the HTML carries."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prudent.report.commands import host_warning
+from prudent.report.pages import verdict
+from prudent.report.render import page_html, to_json
+from prudent.store import Store
+from tests.ui.conftest import XSS_NAME, free_port, project_env, prudent
+
+
+def _recorded_run(home: Path, name: str = "digits", steps: int = 500) -> None:
+    """A run as a training process records it: metrics, a rule firing, a checkpoint, the end."""
+    store = Store(f"sqlite:///{home / '.prudent' / 'prudent.db'}")
+    store.create_run("r1", name, config={"lr": 0.1, "note": "</script><b>x</b>"},
+                     command="python train.py")
+    store.add_metrics([{"run_id": "r1", "step": s, "name": "loss", "value": 1 / s, "wall": s}
+                       for s in range(1, steps + 1)])
+    store.add_events([
+        {"run_id": "r1", "step": 100, "kind": "checkpoint", "name": "saved", "message": "ckpt",
+         "payload": "{}", "wall": 100.0},
+        {"run_id": "r1", "step": 400, "kind": "rule", "name": "divergence",
+         "message": "loss rose 3x <b>fast</b>", "payload": "{}", "wall": 400.0}])
+    store.update_run("r1", status="stopped", stop_reason="rule:divergence", step=steps,
+                     ended_at=time.time())
+    store.close()
+
+
+def test_report_writes_one_offline_file_in_the_run_folder(tmp_path: Path) -> None:
+    (tmp_path / ".prudent").mkdir()
+    _recorded_run(tmp_path, name=XSS_NAME)
+    result = prudent(tmp_path, "report", "r1")
+    assert result.returncode == 0, result.stderr
+    line, where = result.stdout.strip().splitlines()
+    assert line.startswith("run r1 stopped (rule:divergence)") and "500 steps" in line
+    assert where == "report: .prudent/runs/r1/report.html"
+    html = (tmp_path / ".prudent" / "runs" / "r1" / "report.html").read_text()
+    assert len(html.encode()) < 6e6
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", html)  # nothing fetched
+    assert XSS_NAME not in html and "<b>fast</b>" not in html and "</script><b>" not in html
+    data = json.loads(re.search(r'id="prudent-data">(.*?)</script>', html, re.S).group(1))
+    assert data["run"]["name"] == XSS_NAME  # the JSON carries it intact, as text
+    assert [(m["kind"], m["step"]) for m in data["markers"]] == [("checkpoint", 100),
+                                                                 ("rule", 400)]
+    other = tmp_path / "elsewhere" / "r.html"
+    assert prudent(tmp_path, "report", "r", "-o", str(other)).returncode == 0  # a prefix
+    assert other.exists()
+
+
+@pytest.mark.parametrize("args", [[], ["r1", "--study", "s"]])
+def test_report_needs_a_run_or_a_study(tmp_path: Path, args: list[str]) -> None:
+    result = prudent(tmp_path, "report", *args)
+    assert result.returncode == 2
+    assert "give a RUN or --study NAME" in result.stderr
+
+
+def test_report_of_an_unknown_run_or_study_names_the_fix(tmp_path: Path) -> None:
+    (tmp_path / ".prudent").mkdir()
+    _recorded_run(tmp_path)
+    result = prudent(tmp_path, "report", "nope")
+    assert result.returncode == 2 and "no run 'nope'" in result.stderr
+    result = prudent(tmp_path, "report", "--study", "nope")
+    assert result.returncode == 2 and "no study 'nope'" in result.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = prudent(empty, "report", "latest")
+    assert result.returncode == 2 and "no run store at" in result.stderr
+
+
+def test_json_in_the_page_cannot_close_its_script_element() -> None:
+    text = to_json({"name": "</script><script>alert(1)</script>", "x": float("nan"),
+                    "line": "a\u2028b"})
+    assert "<" not in text and ">" not in text and "\u2028" not in text
+    assert json.loads(text) == {"name": "</script><script>alert(1)</script>", "x": None,
+                                "line": "a\u2028b"}
+    page = page_html({"page": "runs", "runs": []}, XSS_NAME, inline=False, data_url="/api/runs")
+    assert XSS_NAME not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_verdict_says_how_the_run_ended_in_one_line() -> None:
+    run = {"id": "r1", "status": "completed", "stop_reason": None, "duration_s": 83.4,
+           "step": 450, "restarts": 1, "metrics": {"loss": 0.066, "val_acc": 0.9667},
+           "cost_usd": 0.0213}
+    assert verdict(run, [{"id": "step_outliers"}]) == (
+        "run r1 completed after 0:01:23, 450 steps, 1 restart; loss=0.066 val_acc=0.9667; "
+        "findings: step_outliers; cost $0.02")
+
+
+def test_ui_warns_when_it_listens_beyond_this_machine(tmp_path: Path) -> None:
+    assert host_warning("127.0.0.1", 8765) is None
+    assert "anyone who can reach this machine" in (host_warning("0.0.0.0", 8765) or "")
+    (tmp_path / ".prudent").mkdir()
+    _recorded_run(tmp_path)
+    server = subprocess.Popen([sys.executable, "-m", "prudent", "ui", "--host", "0.0.0.0",
+                               "--port", str(free_port())], cwd=tmp_path,
+                              env=project_env(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        first = server.stdout.readline()
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert "prudent ui: http://0.0.0.0:" in first and "read-only" in first
+    assert "warning: listening on 0.0.0.0" in err and "ssh -L" in err
