@@ -1,0 +1,67 @@
+"""The framework's own checkpoint, carried inside prudent's checkpoint.
+
+prudent's Checkpointer decides when a checkpoint is taken (its schedule, and at once when a
+stop is requested), writes it atomically with a checksum, keeps the newest N and ships it to
+object storage. An adapter attaches a :class:`FrameworkCheckpoint` to the run: when the
+Checkpointer saves, it asks the framework to write its own checkpoint (Lightning's
+``trainer.save_checkpoint``, a Hugging Face checkpoint folder, Keras weights and optimizer)
+into a scratch folder and hands the bytes over; when the run resumes, the bytes come back as
+files the framework reads (``ckpt_path``, ``resume_from_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FrameworkCheckpoint"]
+
+Writer = Callable[[Path], Path]  # writes into a folder, returns the file or folder to resume from
+
+
+class FrameworkCheckpoint:
+    """One framework's checkpoint as an attachable object (``state_dict``/``load_state_dict``).
+
+    ``folder`` is where it writes (``<run folder>/<framework>``). Until :meth:`bind` gives it
+    the framework's writer (the framework is not set up yet, or has gone), a save carries the
+    files it was restored from, so a stop before training starts loses nothing.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.restored: Path | None = None  # what the framework resumes from, once restored
+        self._write: Writer | None = None
+        self._state: dict[str, Any] = {}
+
+    def bind(self, write: Writer | None) -> None:
+        self._write = write
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._write is None:
+            return dict(self._state)
+        scratch = self.folder / "saving"
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
+        try:
+            entry = self._write(scratch)
+            files = {p.relative_to(scratch).as_posix(): p.read_bytes()
+                     for p in sorted(scratch.rglob("*")) if p.is_file()}
+            return {"entry": entry.relative_to(scratch).as_posix(), "files": files}
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._state = dict(state)
+        if not state.get("files"):
+            return
+        target = self.folder / "restored"
+        shutil.rmtree(target, ignore_errors=True)
+        for name, data in state["files"].items():
+            path = (target / name).resolve()
+            if target.resolve() not in path.parents:  # written by us, but never trust a path
+                raise ValueError(f"checkpoint file {name!r} points outside {target}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        self.restored = target / state["entry"]

@@ -1,0 +1,65 @@
+"""ResumableLoader: a data loader a framework can put back mid-epoch, batch for batch.
+
+A framework that restarts an interrupted epoch from a plain ``DataLoader`` shuffles it anew
+and trains the first batches of the new order (Lightning does): the resumed run sees other
+batches than the uninterrupted one. Wrapped in a :class:`ResumableLoader`, the loader tells
+the framework where it is (``state_dict``: the generator states the epoch's order was drawn
+from, the batches already trained, the RNG at the checkpoint) and, given that state back
+(``load_state_dict``, before the epoch's iterator is made), draws the same order again, skips
+the trained batches by index (no data loaded for them: ``prudent.data``) and restores the
+RNG, so dropout and the rest continue exactly as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prudent.data import epoch_start_state, resume_iterator
+from prudent.rng import capture_rng, restore_rng
+
+__all__ = ["ResumableLoader"]
+
+
+class ResumableLoader:
+    """Wraps an iterable loader (a ``DataLoader``); iterates, sizes and samples as it does.
+
+    ``position`` tells how many batches of the epoch in progress were trained; the adapter's
+    callback sets it (a framework reads a batch ahead, so the loader's own count is one off).
+    """
+
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self.loader = loader
+        self.position: Callable[[], int] | None = None
+        self._epoch_rng: dict[str, Any] | None = None
+        self._served = 0
+        self._resume: dict[str, Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:  # batch_size, sampler, dataset: the loader's own
+        if name == "loader":
+            raise AttributeError(name)
+        return getattr(self.loader, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        resume, self._resume = self._resume, None
+        if resume and resume.get("batches") and resume.get("epoch_rng") is not None:
+            self._epoch_rng, self._served = resume["epoch_rng"], resume["batches"]
+            saved_rng = resume.get("rng")
+            iterator = resume_iterator(self.loader, resume["epoch_rng"], resume["batches"],
+                                       after_skip=lambda: saved_rng and restore_rng(saved_rng))
+        else:
+            self._epoch_rng, self._served = epoch_start_state(self.loader), 0
+            iterator = iter(self.loader)
+        for batch in iterator:
+            self._served += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, Any]:
+        trained = self.position() if self.position is not None else self._served
+        return {"epoch_rng": self._epoch_rng, "batches": trained, "rng": capture_rng()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = dict(state)

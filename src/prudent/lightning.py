@@ -1,0 +1,236 @@
+"""prudent for PyTorch Lightning 2.x (``lightning`` or ``pytorch_lightning``)::
+
+    from prudent.lightning import PrudentCallback
+
+    prudent_cb = PrudentCallback(name="digits", config={"lr": 0.05, "max_epochs": 5})
+    cfg = prudent_cb.config                       # after `prudent run --set` or the tuner
+    model = LitNet(lr=cfg["lr"])
+    trainer = L.Trainer(max_epochs=cfg["max_epochs"], callbacks=[prudent_cb])
+    trainer.fit(model, train_dl, val_dl, ckpt_path=prudent_cb.resume_path())
+
+The callback feeds the run from Lightning's hooks (loss at each optimizer step, gradients in
+``on_before_optimizer_step``, validation metrics), and a stop (a rule, the budget, a
+preemption notice or SIGTERM, the tuner's pruner) becomes a checkpoint, then
+``trainer.should_stop``, then prudent's exit code once ``fit`` returns. Lightning's own
+checkpoint (``trainer.save_checkpoint``) rides inside prudent's checkpoints, and
+:func:`resume_path` gives it back to ``fit(ckpt_path=...)`` when the run resumes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from prudent.adapters.core import AdapterRun
+from prudent.adapters.loader import ResumableLoader
+
+__all__ = ["PrudentCallback", "ResumableLoader", "resumable", "resume_path"]
+
+
+def _lightning() -> Any:
+    """The Lightning the script uses: ``pytorch_lightning`` if only that one was imported."""
+    if "pytorch_lightning" in sys.modules and "lightning" not in sys.modules:
+        import pytorch_lightning as pl
+
+        return pl
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        try:
+            import pytorch_lightning as pl
+        except ImportError:
+            raise ImportError("prudent.lightning needs Lightning: pip install 'prudent[lightning]'"
+                              ) from None
+    return pl
+
+
+_pl = _lightning()
+_NEVER = 2**62  # check_val_every_n_epoch that no epoch reaches
+_LATEST: dict[str, AdapterRun] = {}
+
+
+class PrudentCallback(_pl.Callback):
+    """A Lightning callback that makes ``trainer.fit`` a prudent run.
+
+    Building it starts the run (``prudent.init(name, config, **init_kwargs)``), so
+    :attr:`config` is known before the model is built. Keys of ``config`` that are also
+    hyperparameters the module saved (``self.save_hyperparameters()``) are written into
+    ``pl_module.hparams`` before ``configure_optimizers``; the module's other hyperparameters
+    are added to the run's config (``prudent show`` lists them).
+    """
+
+    def __init__(self, name: str | None = None, config: dict[str, Any] | None = None, *,
+                 exit_on_stop: bool = True, **init_kwargs: Any) -> None:
+        super().__init__()
+        self.adapter = AdapterRun("lightning", name, config, exit_on_stop=exit_on_stop,
+                                  **init_kwargs)
+        self.run = self.adapter.run
+        self._loss: Any = None
+        self._global_step = 0
+        self._planned_epochs: int | None = None  # max_epochs as the script asked for it
+        _LATEST["run"] = self.adapter
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The hyperparameters: ``config`` after ``prudent run --set`` or the tuner."""
+        return self.adapter.config
+
+    def resume_path(self) -> str | None:
+        """Lightning's checkpoint to pass as ``trainer.fit(..., ckpt_path=...)`` (None: fresh)."""
+        return self.adapter.resume_path
+
+    # set-up ---------------------------------------------------------------------------------
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        changed = self.adapter.merge_hparams(dict(getattr(pl_module, "hparams", {}) or {}))
+        for key, value in changed.items():
+            pl_module.hparams[key] = value  # read by configure_optimizers, which runs next
+        self._planned_epochs = trainer.max_epochs
+        if self.adapter.is_smoke:
+            self._shorten(trainer)
+        self.adapter.framework_checkpoint.bind(lambda folder: _save(trainer, folder))
+        # the generators as they were at the checkpoint, before Lightning draws the first
+        # epoch's order (it restores no RNG itself)
+        self.adapter.restore_rng()
+
+    def _shorten(self, trainer: Any) -> None:
+        """``prudent preflight``: two short epochs through Lightning's own limits (in overfit
+        mode one batch an epoch, no validation: the probe rewinds the generators after each
+        step, so each epoch draws the same order and its first batch again)."""
+        micro = trainer.accumulate_grad_batches
+        trainer.num_sanity_val_steps = 0
+        if self.adapter.preflight_mode == "overfit":
+            trainer.limit_train_batches = micro
+            trainer.fit_loop.max_epochs = self.adapter.overfit_steps
+            trainer.fit_loop.epoch_loop.max_steps = -1
+            trainer.check_val_every_n_epoch = _NEVER
+            return
+        steps = self.adapter.smoke_steps or 8
+        trainer.limit_train_batches = steps * micro
+        trainer.limit_val_batches = min(_as_count(trainer.limit_val_batches), steps)
+        trainer.fit_loop.max_epochs = min(trainer.max_epochs or 2, 2) if (
+            trainer.max_epochs and trainer.max_epochs > 0) else 2
+        trainer.fit_loop.epoch_loop.max_steps = -1
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        optimizers = {f"optimizer{i or ''}": opt for i, opt in enumerate(trainer.optimizers)}
+        self.adapter.watch(model=pl_module, **optimizers)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        self._global_step = trainer.global_step
+        loaders = trainer.train_dataloader
+        for loader in loaders.values() if isinstance(loaders, dict) else (
+                loaders if isinstance(loaders, (list, tuple)) else [loaders]):
+            if isinstance(loader, ResumableLoader):
+                loader.position = lambda: self.adapter.ctx.state.batches_in_epoch
+
+    # the loop -------------------------------------------------------------------------------
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        batches = trainer.num_training_batches
+        if self.adapter.is_smoke:  # projections are of the run as planned, not the smoke run
+            batches = _length(trainer.train_dataloader)
+        self.adapter.epoch_start(trainer.current_epoch, self._planned_epochs,
+                                 batches if isinstance(batches, int) else None)
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
+                             batch_idx: int) -> None:
+        self.adapter.batch_loaded(batch)
+
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
+        self._loss = loss
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        self.adapter.after_backward(self._loss)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if trainer.global_step == self._global_step:  # a micro-batch: no optimizer step yet
+            self.adapter.batch_end()
+            return
+        self._global_step = trainer.global_step
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        self._loss = None
+        metrics = {"loss": loss.detach()} if hasattr(loss, "detach") else {}
+        self._stop_if(trainer, self.adapter.step_end(**metrics))
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if trainer.sanity_checking or self.adapter.stop is not None:
+            return
+        metrics = {k: v for k, v in trainer.callback_metrics.items() if _scalar(v)}
+        self._stop_if(trainer, self.adapter.log(**metrics))
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._stop_if(trainer, self.adapter.epoch_end(trainer.current_epoch))
+
+    def _stop_if(self, trainer: Any, stop: Any) -> None:
+        if stop is None or trainer.should_stop:
+            return
+        trainer.should_stop = True
+        trainer.fit_loop.min_epochs = 0  # a stop is not early stopping: no minimum holds it
+        trainer.fit_loop.epoch_loop.min_steps = 0
+        # Lightning validates once more before it honours should_stop (for EarlyStopping): not
+        # when the machine is going away or the weights are worthless
+        trainer.check_val_every_n_epoch = _NEVER
+
+    # the end --------------------------------------------------------------------------------
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self.adapter.framework_checkpoint.bind(None)
+        self.adapter.finish()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.adapter.framework_checkpoint.bind(None)
+        adapter = self.adapter
+        if adapter.closed:
+            return
+        if isinstance(exception, SystemExit):
+            # Lightning ends fit with SystemExit(None) (exit 0) at the epoch end after a
+            # SIGTERM: the run stopped, and the process must say so (75, preempted)
+            stop = adapter.take_stop()
+            if stop is not None:
+                adapter.ctx.finish("stopped", stop, stop.message)
+                if adapter.ctx.exit_on_stop:
+                    exception.code = stop.exit_code
+                return
+        adapter.fail(exception)
+
+
+def resumable(loader: Any) -> ResumableLoader:
+    """The training loader, resumable mid-epoch batch for batch: with a plain ``DataLoader``
+    Lightning restarts an interrupted epoch in a new order (see the README)::
+
+        trainer.fit(model, prudent.lightning.resumable(train_loader), val_loader, ckpt_path=...)
+    """
+    return loader if isinstance(loader, ResumableLoader) else ResumableLoader(loader)
+
+
+def resume_path() -> str | None:
+    """The checkpoint of the run started by the newest :class:`PrudentCallback` (None:
+    a fresh run): ``trainer.fit(model, ckpt_path=prudent.lightning.resume_path())``."""
+    adapter = _LATEST.get("run")
+    if adapter is None:
+        raise RuntimeError("prudent.lightning.resume_path(): build the PrudentCallback first "
+                           "(it starts the run and restores its checkpoint)")
+    return adapter.resume_path
+
+
+def _save(trainer: Any, folder: Path) -> Path:
+    path = folder / "lightning.ckpt"
+    trainer.save_checkpoint(path, weights_only=False)
+    return path
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, (int, float)) or (hasattr(value, "numel") and value.numel() == 1)
+
+
+def _length(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _as_count(limit: Any) -> int:
+    return limit if isinstance(limit, int) else 10**9

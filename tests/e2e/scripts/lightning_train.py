@@ -1,0 +1,56 @@
+"""examples/lightning_digits.py's model and data with the knobs the adapter's e2e tests need:
+`nan_at_step` puts a NaN into one batch, `sleep_s` slows each step so a test can signal it
+mid-epoch, `out` is where the final weights go, `resumable` wraps the training loader in
+prudent.lightning.resumable. Each optimizer step appends "<pid> <step>" to steps.log.
+"""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[3] / "examples"))
+from lightning_digits import LitDigits, digits_loaders  # noqa: E402
+
+from prudent.lightning import PrudentCallback, resumable  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+class Knobs(LitDigits):
+    def __init__(self, nan_at_step: int, sleep_s: float, **kwargs: float) -> None:
+        super().__init__(**kwargs)
+        self.nan_at_step, self.sleep_s = nan_at_step, sleep_s
+
+    def training_step(self, batch, idx):
+        x, y = batch
+        if self.global_step + 1 == self.nan_at_step:
+            x = x.clone()
+            x[0, 0] = float("nan")
+        loss = super().training_step((x, y), idx)
+        time.sleep(self.sleep_s)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, idx):
+        with open("steps.log", "a") as log:
+            log.write(f"{os.getpid()} {self.global_step}\n")
+
+
+cb = PrudentCallback(name="lightning-train", config={
+    "lr": 0.05, "hidden": 32, "max_epochs": 3, "batch_size": 64, "nan_at_step": -1,
+    "sleep_s": 0.0, "out": "final.pt", "resumable": True})
+cfg = cb.config
+L.seed_everything(0, verbose=False)
+train_loader, val_loader = digits_loaders(cfg["batch_size"])
+model = Knobs(cfg["nan_at_step"], cfg["sleep_s"], lr=cfg["lr"], hidden=cfg["hidden"])
+trainer = L.Trainer(max_epochs=cfg["max_epochs"], callbacks=[cb], accelerator="cpu",
+                    logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, deterministic=True)
+if cfg["resumable"]:
+    train_loader = resumable(train_loader)
+trainer.fit(model, train_loader, val_loader, ckpt_path=cb.resume_path())
+torch.save(model.state_dict(), cfg["out"])
+print(f"DONE {trainer.global_step}")
