@@ -188,10 +188,12 @@ def test_the_budget_holds_across_two_machines(
         tmp_path: Path, pg_url: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each machine checks what both spent and are spending: together they stop at the
     budget (each alone would have spent it: twice the budget)."""
-    budget = 25.0  # $1 a second: a trial costs ~$4-10 here, so 3-5 trials of the 10 fit
+    # $1 a second: a trial costs $8-30 on 2 shared cores, so 2-5 trials of the 10 fit; the
+    # first ones are estimated at 4 epochs x 4 s = $16 until one has finished
+    budget = 40.0
     bucket = _bucket(s3_endpoint, monkeypatch)
     a, b = (_machine(tmp_path, name, bucket, s3_endpoint) for name in ("a", "b"))
-    flags = ("--trials", "10", "--seed", "0", "--budget-usd", str(budget), "--epoch-s", "2")
+    flags = ("--trials", "10", "--seed", "0", "--budget-usd", str(budget), "--epoch-s", "4")
     tuners = [_tune(a, pg_url, *flags), _tune(b, pg_url, *flags)]
     try:
         ended = [tuner.communicate(timeout=400) for tuner in tuners]
@@ -206,13 +208,15 @@ def test_the_budget_holds_across_two_machines(
     summary = _study(b, pg_url)
     hosts = {t["run_id"]: (t["state"], t["cost_usd"]) for t in summary["trials"]}
     assert 2 <= summary["trials_counted"] < 10 and len(hosts) == summary["trials_counted"]
-    # every trial finished and billed; the two machines' spend together stays at the budget
-    # (a trial may cost somewhat more than the mean of those before it)
+    # every trial finished and billed; the two machines' spend together stays at the budget,
+    # give or take one trial (a trial may cost more than the mean of those before it); a
+    # budget each machine kept alone would have let both spend it
     assert all(state == "complete" and usd > 0 for state, usd in hosts.values()), hosts
-    assert summary["cost_usd_total"] <= budget * 1.2, summary["cost_usd_total"]
+    dearest = max(usd for _, usd in hosts.values())
+    assert summary["cost_usd_total"] <= budget + dearest, summary["cost_usd_total"]
     ran = {m: sum(1 for t in summary["trials"] if _ran_on(m, t["run_id"])) for m in (a, b)}
     assert all(ran.values()), ran  # both machines ran trials
-    print(f"budget ${budget:.2f}: {summary['trials_counted']} trials "
+    print(f"budget ${budget:.2f}: {summary['trials_counted']} trials (dearest ${dearest:.2f}) "
           f"({', '.join(f'{m.path.name}: {n}' for m, n in ran.items())}), study cost "
           f"${summary['cost_usd_total']:.2f}")
 

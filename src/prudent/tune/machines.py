@@ -77,9 +77,11 @@ def heartbeat_options(interval_s: int) -> dict[str, Any]:
 def open_rdb(url: str, interval_s: int | None) -> optuna.storages.RDBStorage:
     import optuna
 
+    from prudent.store import database_url
+
     options = heartbeat_options(interval_s) if interval_s else {}
-    with quiet():
-        return optuna.storages.RDBStorage(url, **options)
+    with quiet():  # postgresql:// with psycopg 3 when psycopg2 is not installed, as the store
+        return optuna.storages.RDBStorage(database_url(url), **options)
 
 
 def heartbeat_s_of(storage: Any) -> int | None:
@@ -160,9 +162,11 @@ class MachinesLock:
     one machine's, and its workers already take turns through ``study_lock``).
     """
 
-    def __init__(self, url: str, study: str) -> None:
+    def __init__(self, url: str, study: str | None) -> None:
+        """``study`` None: the lock of the whole database (creating Optuna's tables and a
+        study: machines starting at once on a new database would race)."""
         self.url = url if url.startswith("postgresql") else None
-        digest = hashlib.sha256(f"prudent-tune:{study}".encode()).digest()
+        digest = hashlib.sha256(f"prudent-tune:{study or ''}".encode()).digest()
         self.key = int.from_bytes(digest[:8], "big", signed=True)
         self._engine: Any = None
 
@@ -173,8 +177,10 @@ class MachinesLock:
             return
         import sqlalchemy as sa
 
+        from prudent.store import database_url
+
         if self._engine is None:
-            self._engine = sa.create_engine(self.url, poolclass=sa.pool.NullPool)
+            self._engine = sa.create_engine(database_url(self.url), poolclass=sa.pool.NullPool)
         with self._engine.connect() as conn:
             conn.execute(sa.text("SELECT pg_advisory_lock(:key)"), {"key": self.key})
             conn.commit()

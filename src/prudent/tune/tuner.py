@@ -162,7 +162,7 @@ class Tuner:
 
     def open(self) -> tuple[Any, str]:
         """Create or continue the study, enqueue the known-good configurations (once)."""
-        from prudent.tune.study import create_or_load, open_storage, storage_url
+        from prudent.tune.study import storage_url
 
         url = storage_url(self.home, self.name, self.options.storage)
         meta = {"objective": self.options.objective, "direction": self.options.direction,
@@ -170,7 +170,7 @@ class Tuner:
                 "sampler": self.options.sampler, "command": self.options.command,
                 "max_epochs": self.options.max_epochs, "max_steps": self.options.max_steps,
                 "fixed": self.options.fixed}
-        study = create_or_load(self.name, open_storage(url), meta)
+        study = _create_or_load(self.name, url, meta)
         configs = list(self.options.enqueue)
         if self.options.warm_start:
             configs += self._warm_start(self.options.warm_start)
@@ -332,6 +332,26 @@ def parse_enqueue(items: Sequence[str]) -> list[dict[str, Any]]:
                                   f'{{"lr": 0.01}}, got {config!r}')
             configs.append(config)
     return configs
+
+
+def _create_or_load(name: str, url: str, meta: Mapping[str, Any]) -> Any:
+    """The study, created by one machine only when several start at once on a database."""
+    import sqlalchemy as sa
+
+    from prudent.store import describe_error, mask_url
+    from prudent.tune.machines import MachinesLock
+    from prudent.tune.study import create_or_load, open_storage
+
+    lock = MachinesLock(url, None)
+    try:
+        with lock.held():
+            return create_or_load(name, open_storage(url), meta)
+    except sa.exc.OperationalError as exc:
+        raise ConfigError(f"--storage {mask_url(url)}: the database cannot be reached "
+                          f"({describe_error(exc)}); check the URL, that the server runs and "
+                          "that this machine may connect to it") from None
+    finally:
+        lock.close()
 
 
 def _cores() -> int:
