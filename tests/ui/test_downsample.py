@@ -55,3 +55,16 @@ def test_missing_values_break_the_line() -> None:
                                (1, 3, 3, 1.0, 1.0, 1), (2, 4, 5, float("inf"), float("inf"), 2)])
     assert series["steps"] == [1, 2, 3, 5]
     assert series["values"] == [2.0, None, 1.0, None]
+
+
+def test_the_same_series_from_postgresql(pg_url: str) -> None:
+    store = Store(pg_url)
+    store.create_run("r", "r", step=9_999)
+    store.add_metrics([{"run_id": "r", "step": s, "name": "loss", "value": 1.0 + (s == 4321),
+                        "wall": 0.0} for s in range(10_000)])
+    store.close()
+    reader = ReadOnlyStore(pg_url)
+    (loss,) = run_series(reader, "r", 9_999, num_buckets=100)
+    reader.close()
+    assert loss["count"] == 10_000 and len(loss["steps"]) <= 200
+    assert max(loss["values"]) == 2.0 and min(loss["values"]) == 1.0

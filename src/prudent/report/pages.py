@@ -52,14 +52,14 @@ def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None) 
         raise KeyError(run_id)
     events = store.events(run_id)
     profile = _newest(events, "profile", "summary")
-    summary = _summary(run, store.last_metrics(run_id))
+    series = run_series(store, run_id, run["step"])
+    summary = _summary(run, store.last_values(run_id, [s["name"] for s in series]))
     findings = [{"id": e["name"], "step": e["step"], "message": e["message"]}
                 for e in events if e["kind"] == "finding"]
     return {
         "page": "run", "run": summary, "verdict": verdict(summary, findings),
         "token": store.metrics_token(run_id),
-        "series": run_series(store, run_id, run["step"]),
-        "markers": _markers(events), "events": _event_rows(events),
+        "series": series, "markers": _markers(events), "events": _event_rows(events),
         "profile": profile, "timeline": _timeline(home, run_id), "findings": findings,
         "cost": breakdown(store, run_id), "cost_over_time": _cost_over_time(run, events),
     }
@@ -72,8 +72,9 @@ def compare_page(store: ReadOnlyStore, run_ids: list[str]) -> dict[str, Any]:
         run = store.get_run(run_id)
         if run is None:
             raise KeyError(run_id)
-        runs.append({"run": _summary(run, store.last_metrics(run_id)),
-                     "series": run_series(store, run_id, run["step"])})
+        series = run_series(store, run_id, run["step"])
+        runs.append({"run": _summary(run, store.last_values(run_id, [s["name"] for s in series])),
+                     "series": series})
     keys = sorted({k for r in runs for k in _flat(r["run"]["config"])})
     table = [{"key": k, "values": [_flat(r["run"]["config"]).get(k) for r in runs]} for k in keys]
     for row in table:

@@ -44,6 +44,21 @@ class ReadOnlyStore(Store):
         """All rows of one statement, in one short read."""
         return list(self._read(lambda conn: conn.execute(statement, params or {}).all()))
 
+    def last_values(self, run_id: str, names: list[str]) -> dict[str, float | None]:
+        """The newest value of each named metric: ``last_metrics`` for a run whose names are
+        known, read backwards from the newest row (one short index walk per name, not a scan
+        of a million-row run)."""
+        from prudent.store import metrics
+
+        found = {}
+        for name in names:
+            stmt = (sa.select(metrics.c.value).where(metrics.c.run_id == run_id,
+                                                     metrics.c.name == name)
+                    .order_by(metrics.c.id.desc()).limit(1))
+            rows = self.read(stmt)
+            found[name] = rows[0][0] if rows else None
+        return dict(sorted(found.items()))
+
     def metrics_token(self, run_id: str) -> int:
         """Changes whenever the run gains a metric or an event: what the live page polls."""
         from prudent.store import events, metrics

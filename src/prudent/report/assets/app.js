@@ -168,13 +168,21 @@
     return markers.filter((m) => LINE_EVENTS.has(m.kind)).map((m) => ({type: 'line', xref: 'x', yref: 'paper',
       x0: m.step, x1: m.step, y0: 0, y1: 1, line: {color: COLORS[m.kind], width: 1, dash: 'dot'}}));
   }
+  function logScale(series) {  // a loss that falls over decades reads better on a log axis
+    const values = series.flatMap((s) => s.values).filter((v) => v !== null);
+    return values.length > 0 && values.every((v) => v > 0) && Math.max(...values) / Math.min(...values) > 100;
+  }
   function drawCurves(container, data) {
     const groups = curveGroups(data.series);
-    if (!groups.length) { container.replaceChildren(el('p', {cls: 'muted', text: 'no metrics recorded yet'})); return; }
+    if (!groups.length) {
+      container.replaceChildren(el('p', {cls: 'muted', text: 'no metrics recorded yet'}));
+      return Promise.resolve();
+    }
     const known = new Map([...container.querySelectorAll('.curve')].map((d) => [d.dataset.metric, d]));
     if (known.size !== groups.length || groups.some((g) => !known.has(g.title))) {
       container.replaceChildren(...groups.map((g) => chartBox({cls: 'chart curve', 'data-metric': g.title})));
     }
+    const drawn = [];
     for (const g of groups) {
       const div = container.querySelector(`.curve[data-metric="${CSS.escape(g.title)}"]`);
       const traces = g.series.map((s) => ({type: 'scatter', mode: s.steps.length < 60 ? 'lines+markers' : 'lines',
@@ -183,11 +191,13 @@
       const points = g.series.reduce((n, s) => n + s.count, 0);
       div.dataset.points = String(points);
       div.dataset.lastStep = String(Math.max(...g.series.map((s) => s.steps.length ? s.steps[s.steps.length - 1] : 0)));
-      plot(div, traces.concat(markerTraces(data.markers)), {
+      drawn.push(plot(div, traces.concat(markerTraces(data.markers)), {
         title: {text: plotText(g.title), x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'step'}},
+        yaxis: {type: logScale(g.series) ? 'log' : 'linear'},
         yaxis2: {overlaying: 'y', range: [0, 1], visible: false, fixedrange: true},
-        shapes: markerLines(data.markers)});
+        shapes: markerLines(data.markers)}));
     }
+    return Promise.all(drawn);
   }
   function profileSection(data) {
     const p = data.profile;
@@ -280,7 +290,7 @@
         '; hover one to read it'}), curves),
       profileSection(data), findingsSection(data.findings), costSection(data), configSection(data.run),
       eventsSection(data.events));
-    drawCurves(curves, data);
+    drawCurves(curves, data).then(() => { APP.dataset.curvesDrawnMs = performance.now().toFixed(1); });
     APP.dataset.lastStep = String(data.run.step);
   }
   function updateRun(data) {  // live: new points and events, the charts keep their zoom
@@ -359,18 +369,18 @@
       return {type: 'scatter', mode: 'markers', name: state, x: ts.map((t) => t.number), y: ts.map((t) => t.value),
         marker: {color: STATES[state], size: 9}};
     }).filter((t) => t.x.length).concat([{type: 'scatter', mode: 'lines', name: 'best so far', x: complete.map((t) => t.number),
-      y: bestLine, line: {shape: 'hv', color: '#555'}}]), {xaxis: {title: {text: 'trial'}}, yaxis: {title: {text: plotText(s.objective || 'value')}}});
+      y: bestLine, line: {shape: 'hv', color: '#555'}}]), {xaxis: {title: {text: 'trial'}, dtick: 1}, yaxis: {title: {text: plotText(s.objective || 'value')}}});
     plot(divs.inter, s.trials.filter((t) => t.intermediate.steps.length).map((t) => ({
       type: 'scatter', mode: 'lines+markers', x: t.intermediate.steps, y: t.intermediate.values,
       name: plotText(`trial ${t.number}` + (t.state === 'pruned' ? ` (pruned by ${t.pruned_by || '?'})` : ` (${t.state})`)),
       line: {dash: t.state === 'pruned' ? 'dash' : 'solid', color: t.state === 'pruned' ? undefined : undefined},
       marker: {symbol: t.state === 'pruned' ? 'x' : 'circle'},
-    })), {xaxis: {title: {text: s.unit || 'epoch'}}, yaxis: {title: {text: plotText(s.objective || 'value')}}, height: 360});
+    })), {xaxis: {title: {text: s.unit || 'epoch'}, tickformat: 'd', dtick: s.unit === 'step' ? undefined : 1}, yaxis: {title: {text: plotText(s.objective || 'value')}}, height: 360});
     if (complete.length && params.length) {
       const dims = params.map((p) => {
-        const vals = complete.map((t) => t.params[p]);
+        const vals = complete.map((t) => (p in t.params ? t.params[p] : '—'));  // conditional ones
         if (vals.every((v) => typeof v === 'number')) return {label: plotText(p), values: vals};
-        const cats = [...new Set(vals.map(String))];
+        const cats = [...new Set(vals.map(String))].sort();
         return {label: plotText(p), values: vals.map((v) => cats.indexOf(String(v))), tickvals: cats.map((_, i) => i), ticktext: cats.map(plotText)};
       });
       dims.push({label: plotText(s.objective || 'value'), values: complete.map((t) => t.value)});

@@ -1,0 +1,198 @@
+"""A run with a million metric points: how fast its page opens, how big its report is.
+
+The store holds one run of ``--points`` loss values (one per step), an eval metric and the
+learning rate every 1,000 steps, a checkpoint every 10,000 steps and a rule firing: the shape
+of a long real run. Measured, interleaved over ``--repeat`` rounds:
+
+- **dashboard page load, cold**: a fresh ``prudent ui`` (nothing cached), Debian's Chromium
+  opens ``/runs/big``; from navigation start to every curve drawn (the page's own
+  ``performance.now()`` when Plotly resolved its last chart). Target: under 1 s.
+- **dashboard page load, warm**: the same page again (the server's cache by the run's token).
+- **report**: ``prudent report`` builds the file (seconds), its size and its data part (the
+  JSON in the page); then Chromium opens the file. Targets: data < 1 MB, file < 6 MB.
+- **without downsampling**: the data part the report would carry with every point (what a
+  viewer that ships raw series sends), for the ratio.
+
+    python benchmarks/report.py [--points 1000000] [--repeat 3] [--json PATH] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from prudent.report.pages import run_page
+from prudent.report.reader import ReadOnlyStore
+from prudent.report.render import page_html, to_json
+from prudent.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = {"page_load_cold_s": 1.0, "report_data_bytes": 1e6, "report_bytes": 6e6}
+
+
+def build_store(home: Path, points: int) -> None:
+    """One run of ``points`` steps, written through the store as a run writes it."""
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
+    store.create_run("big", "a long run", config={"lr": 3e-4, "steps": points},
+                     command="python train.py", started_at=time.time() - points * 0.05)
+    rng = random.Random(0)
+    rows: list[dict[str, Any]] = []
+    for step in range(1, points + 1):
+        loss = 2.5 * math.exp(-step / (points / 5)) + 0.3 + 0.05 * rng.random()
+        if step == int(points * 0.6):
+            loss = 40.0  # the spike the rule fired on: it must survive downsampling
+        rows.append({"run_id": "big", "step": step, "name": "loss", "value": loss,
+                     "wall": step * 0.05})
+        if step % 1000 == 0:
+            rows.append({"run_id": "big", "step": step, "name": "val_loss", "value": loss * 1.1,
+                         "wall": step * 0.05})
+            rows.append({"run_id": "big", "step": step, "name": "lr",
+                         "value": 3e-4 * math.cos(math.pi * step / points / 2), "wall": 0.0})
+        if len(rows) >= 50_000:
+            store.add_metrics(rows)
+            rows = []
+    store.add_metrics(rows)
+    events = [{"run_id": "big", "step": s, "kind": "checkpoint", "name": "saved",
+               "message": f"ckpt-{s:010d}: 48.0 MB", "payload": "{}", "wall": s * 0.05}
+              for s in range(10_000, points + 1, 10_000)]
+    events.append({"run_id": "big", "step": int(points * 0.6) + 1, "kind": "rule",
+                   "name": "loss_spike", "message": "loss 40.0 is 13x its recent mean",
+                   "payload": "{}", "wall": points * 0.03})
+    store.add_events(events)
+    store.update_run("big", status="completed", step=points, ended_at=time.time())
+    store.close()
+
+
+def report_figures(home: Path) -> dict[str, Any]:
+    store = ReadOnlyStore(f"sqlite:///{home / 'prudent.db'}")
+    try:
+        started = time.perf_counter()
+        data = run_page(store, "big", home)
+        html = page_html(data, "a long run", inline=True)
+        build_s = time.perf_counter() - started
+        raw = [store.metric_series("big", s["name"]) for s in data["series"]]
+    finally:
+        store.close()
+    (home / "report.html").write_text(html)
+    raw_bytes = len(to_json([{"steps": [p[0] for p in r], "values": [p[1] for p in r]}
+                             for r in raw]))
+    return {"report_build_s": build_s, "report_bytes": len(html.encode()),
+            "report_data_bytes": len(to_json(data).encode()),
+            "raw_data_bytes": raw_bytes, "points_drawn": sum(len(s["steps"])
+                                                              for s in data["series"])}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_ui(home: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "PRUDENT_HOME": str(home)}
+    server = subprocess.Popen([sys.executable, "-m", "prudent", "ui", "--port", str(port)],
+                              cwd=home, env=env, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(url + "/assets/app.css", timeout=5).close()
+            return server, url
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("prudent ui did not start")
+
+
+def drawn_s(page: Any, url: str) -> float:
+    """Navigation start to every curve drawn, by the page's own clock."""
+    page.goto(url)
+    page.wait_for_selector("#app[data-curves-drawn-ms]", timeout=60_000)
+    curves = page.locator(".curve").count()
+    assert curves >= 2, "the run's curves were not drawn"
+    return float(page.get_attribute("#app", "data-curves-drawn-ms")) / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", type=int, default=1_000_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "report.json"))
+    parser.add_argument("--keep", default=None, help="Build the store here and keep it.")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    home = Path(args.keep or tempfile.mkdtemp(prefix="prudent-report-bench-"))
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "prudent.db").exists():
+        started = time.perf_counter()
+        build_store(home, args.points)
+        print(f"store of {args.points:,} points built in {time.perf_counter() - started:.1f} s")
+    rounds: list[dict[str, Any]] = []
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        for _ in range(args.repeat):  # interleaved: each round measures every variant
+            server, url = start_ui(home)
+            try:
+                page = browser.new_page(viewport={"width": 1300, "height": 900})
+                cold = drawn_s(page, url + "/runs/big")
+                warm = drawn_s(page, url + "/runs/big")
+                page.close()
+            finally:
+                server.terminate()
+                server.wait(30)
+            figures = report_figures(home)
+            page = browser.new_page(viewport={"width": 1300, "height": 900})
+            figures["report_open_s"] = drawn_s(page, (home / "report.html").as_uri())
+            page.close()
+            rounds.append({"page_load_cold_s": cold, "page_load_warm_s": warm, **figures})
+        browser.close()
+    if not args.keep:
+        shutil.rmtree(home, ignore_errors=True)
+    write(rounds, args)
+
+
+def write(rounds: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    median = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+    table = Table("measure (median of rounds)", "value", "target", "ratio", "each round",
+                  title=f"a run of {args.points:,} metric points")
+    units = {"_s": ("s", 1), "_bytes": ("MB", 1e6)}
+    for key, value in median.items():
+        unit, scale = next(((u, s) for suffix, (u, s) in units.items() if key.endswith(suffix)),
+                           ("", 1))
+        target = TARGETS.get(key)
+        table.add_row(key, f"{value / scale:.3f} {unit}",
+                      f"< {target / scale:g} {unit}" if target else "",
+                      f"{value / target:.2f} of target" if target else "",
+                      " ".join(f"{r[key] / scale:.3f}" for r in rounds))
+    shrink = median["raw_data_bytes"] / median["report_data_bytes"]
+    table.add_row("data without / with downsampling", f"{shrink:.0f}x", "", "", "")
+    Console(width=150).print(table)
+    result = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                          "platform": platform.platform(),
+                          "load_average": os.getloadavg()},
+              "points": args.points, "targets": TARGETS, "median": median, "rounds": rounds}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    print(f"written: {args.json}")
+
+
+if __name__ == "__main__":
+    main()
