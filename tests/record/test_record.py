@@ -165,6 +165,44 @@ def test_a_lost_machine_is_billed_to_its_last_heartbeat(tmp_path: Path) -> None:
     store.close()
 
 
+def test_an_attempt_that_ended_cleanly_elsewhere_is_not_billed_as_a_crash(machine: Any) -> None:
+    from prudent.cost.bill import run_line
+
+    machine("a", steps=7).close()  # completed on host-a: its end came after its last segment
+    store = machine("b", steps=10)
+    events = store.events("spot1")
+    ends = [e for e in events if (e["kind"], e["name"]) == ("lifecycle", "end")]
+    assert [e["payload"]["status"] for e in ends] == ["completed", "completed"]
+    assert ends[0]["payload"]["host"] == "host-a" and ends[0]["payload"]["recovered"]
+    line = run_line(store.get_run("spot1"), events)
+    assert line.attempts == 2 and line.wasted_crash_usd == 0.0
+    store.close()
+
+
+def test_a_third_machine_adds_the_recovered_rows_of_a_lost_attempt_once(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path / "bucket"))
+    storage.put(FOLDER, heartbeat_file("a1"), encode_heartbeat(
+        "spot1", Attempt("a1", "host-a", 1, 1000.0, 1040.0, 9, 3600.0, 40.0, 40.0)))
+    second = _store(tmp_path / "b")
+    record = read_record(storage, "spot1")
+    assert record is not None
+    merge_into(second, "spot1", record, current="b1")
+    rows = [[e["step"], e["kind"], e["name"], e["message"], json.dumps(e["payload"]), e["wall"]]
+            for e in second.events("spot1")]  # what b's first segment carries on
+    b1 = Attempt("b1", "host-b", 2, 1100.0, 1110.0, 9, 3600.0, 10.0, 50.0, "completed")
+    price = [0, "cost", "price", "b1", json.dumps({"attempt": "b1", "host": "host-b"}), 1100.0]
+    storage.put(FOLDER, segment_file("b1", 0), _segment("spot1", b1, [*rows, price]))
+    third = _store(tmp_path / "c")
+    record = read_record(storage, "spot1")
+    assert record is not None
+    merge_into(third, "spot1", record, current="c1")
+    names = [(e["kind"], e["name"]) for e in third.events("spot1")]
+    assert names.count(("checkpoint", "record_lost")) == 1, names
+    assert names.count(("cost", "price")) == 2, names  # a1's recovered once, and b1's
+    second.close()
+    third.close()
+
+
 def test_a_record_of_another_run_is_refused_and_nothing_merged(tmp_path: Path) -> None:
     storage = open_storage(str(tmp_path / "bucket"))
     storage.put(FOLDER, segment_file("x1", 0), _segment("other", Attempt("x1", "h", 1, 1.0, 2.0)))

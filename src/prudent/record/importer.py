@@ -94,11 +94,17 @@ def merge_into(store: Store, run_id: str, record: Record, current: str) -> Impor
     """Add what ``record`` has and this store lacks; count the other machines' attempts."""
     run = store.get_run(run_id) or {}
     known_events, known_metrics = local_keys(store, run_id)
-    local_attempts = _attempt_ids(store.events(run_id))
+    local = store.events(run_id)
+    local_attempts = _attempt_ids(local)
     events, metrics = _new_rows(record, known_events, known_metrics)
     foreign = [a for a in sorted(record.attempts.values(), key=lambda a: a.started_at)
                if a.id not in local_attempts and a.id != current]
-    events += [r for r in _recovered_rows(record, foreign) if event_key(r) not in known_events]
+    ends = [e["wall"] for e in local if (e["kind"], e["name"]) == ("lifecycle", "end")]
+    # recovered rows are rebuilt the same on every machine: one that already travelled in a
+    # segment (a third machine imports the second's) is not added again
+    travelled = known_events | record.keys()[0]
+    events += [r for r in _recovered_rows(record, foreign, ends)
+               if event_key(r) not in travelled]
     events.sort(key=lambda r: r[5])
     metrics.sort(key=lambda r: r[3])
     store.add_events([_event_dict(run_id, r) for r in events])
@@ -109,13 +115,37 @@ def merge_into(store: Store, run_id: str, record: Record, current: str) -> Impor
     return ImportResult(len(events), len(metrics), foreign, lost, total, restarts)
 
 
-def _recovered_rows(record: Record, foreign: list[Attempt]) -> list[list[Any]]:
-    """A price event for an attempt known only from its heartbeats, and for an attempt that
-    never ended cleanly, the event that says what was lost."""
+def _recovered_rows(record: Record, foreign: list[Attempt], local_ends: list[float]
+                    ) -> list[list[Any]]:
+    """A price event for an attempt known only from its heartbeats; for an attempt that
+    never ended cleanly, the event that says what was lost; for one that did, its end (the
+    kernel records the end after the last segment is written: only the final heartbeat
+    carries it), so that the bill does not count a clean end as a crash."""
     priced = {_payload(r).get("attempt") for s in record.segments for r in s.events
               if (r[1], r[2]) == ("cost", "price")}
     rows = [_price_row(a) for a in foreign if a.id not in priced]
-    return rows + [_lost_row(a, _last_wall(record, a.id)) for a in foreign if a.status is None]
+    rows += [_lost_row(a, _last_wall(record, a.id)) for a in foreign if a.status is None]
+    ends = local_ends + [r[5] for s in record.segments for r in s.events
+                         if (r[1], r[2]) == ("lifecycle", "end")]
+    starts = sorted(a.started_at for a in record.attempts.values())
+    return rows + [_end_row(a) for a in foreign
+                   if a.status is not None and not _ended_in(a, starts, ends)]
+
+
+def _ended_in(attempt: Attempt, starts: list[float], ends: list[float]) -> bool:
+    """An end event between the attempt's start and the next attempt's."""
+    after = [s for s in starts if s > attempt.started_at]
+    until = min(after) if after else float("inf")
+    return any(attempt.started_at <= wall < until for wall in ends)
+
+
+def _end_row(attempt: Attempt) -> list[Any]:
+    """The end of an attempt that ended cleanly, from its final heartbeat."""
+    payload = {"status": attempt.status, "stop_reason": attempt.stop_reason,
+               "attempt": attempt.id, "host": attempt.host, "recovered": True}
+    return [attempt.step, EventKind.LIFECYCLE.value, "end",
+            f"{attempt.status} on {attempt.host} (attempt {attempt.id}; from its final heartbeat)",
+            json.dumps(payload), attempt.last_seen]
 
 
 def _update_run(store: Store, run: dict[str, Any], record: Record,
