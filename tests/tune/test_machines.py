@@ -223,3 +223,18 @@ def test_prudent_uses_no_private_optuna_api() -> None:
     found = [f"{path.relative_to(SRC)}:{n}" for path in SRC.rglob("*.py")
              for n, line in enumerate(path.read_text().splitlines(), 1) if private.search(line)]
     assert not found, found
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("0s", "--heartbeat must be > 0, got '0s': e.g. --heartbeat 60s"),
+    ("soon", "duration 'soon' is invalid"),
+])
+def test_a_bad_heartbeat_is_refused_before_anything_runs(tmp_path: Path, value: str,
+                                                         message: str) -> None:
+    (tmp_path / "space.yaml").write_text("lr: {type: float, low: 0.01, high: 0.1}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "prudent", "tune", "--space", "space.yaml", "--objective", "acc",
+         "--heartbeat", value, "--", sys.executable, "train.py"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert not (tmp_path / ".prudent").exists()

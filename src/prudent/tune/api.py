@@ -23,13 +23,13 @@ def tune(fn_or_command: str | Sequence[str] | Callable[[], Any], *,
          epoch_s: float | None = None, seed: int | None = None, config: str | None = None,
          warm_start: str | None = None, fixed: Mapping[str, Any] | None = None,
          max_steps: int | None = None, min_resource: int | None = None,
-         quiet: bool = False) -> dict[str, Any]:
+         heartbeat_s: int | None = None, quiet: bool = False) -> dict[str, Any]:
     """Tune a training script (a command) or an importable function; returns the summary.
 
     Each trial runs in its own supervised process, so a function must be importable (defined
     at the top level of a module, not in ``__main__``) and call ``prudent.init`` itself.
-    ``fixed``, ``max_steps`` and ``min_resource`` are ``prudent tune``'s ``--set``,
-    ``--max-steps`` and ``--min-resource``. The
+    ``fixed``, ``max_steps``, ``min_resource`` and ``heartbeat_s`` are ``prudent tune``'s
+    ``--set``, ``--max-steps``, ``--min-resource`` and ``--heartbeat``. The
     result is the same dictionary as ``prudent study NAME --json`` (``best_params``, ...).
     Raises :class:`~prudent.ConfigError` on bad input and ``PolicyViolation`` if refused.
     """
@@ -45,7 +45,7 @@ def tune(fn_or_command: str | Sequence[str] | Callable[[], Any], *,
         pruner=pruner or DEFAULT_PRUNER, study=study, storage=storage,
         enqueue=[dict(c) for c in enqueue], max_epochs=max_epochs, epoch_s=epoch_s, seed=seed,
         config_path=config, warm_start=warm_start, fixed=dict(fixed or {}), max_steps=max_steps,
-        min_resource=min_resource)
+        min_resource=min_resource, heartbeat_s=heartbeat_s)
     settings = load_settings(config)
     tuner = Tuner(options, settings, quiet=quiet)
     check_launch(settings, kind="tune", parallel=workers)
