@@ -49,6 +49,8 @@ WEAK = '{"lr": 0.0001, "hidden": 4, "optimizer": "sgd", "momentum": 0.5}'  # the
 def _open(page: Any, url: str) -> None:
     page.goto(url)
     page.wait_for_selector("#app[data-ready]", timeout=20_000)
+    if page.get_attribute("#app", "data-page") in ("run", "compare"):
+        page.wait_for_selector(".curve[data-drawn]", timeout=20_000)
 
 
 def _shoot(page: Any, folder: Path, name: str) -> None:
@@ -144,7 +146,8 @@ def test_report_opens_offline_with_its_curves_and_markers(page: Any, runs_home: 
     assert path.stat().st_size < 6e6
     requests: list[str] = []
     page.route("**/*", lambda route: (requests.append(route.request.url), route.abort())
-               if not route.request.url.startswith("file:") else route.continue_())
+               if not route.request.url.startswith(("file:", "blob:", "data:"))
+               else route.continue_())
     _open(page, path.as_uri())
     assert requests == []  # nothing fetched from anywhere: scripts and data are in the file
     assert len(page.locator('.curve[data-metric="loss"] path.js-line').first.get_attribute("d")) \

@@ -2,7 +2,9 @@
 
 Starlette, GET only (any other method is answered 405: nothing here writes). Each page is the
 report's shell; its data comes from ``/api/...`` (the same dicts as the report), fetched while
-Plotly's bundle loads, and a running run's page polls its ``/api/runs/ID?since=TOKEN`` every
+Plotly's bundle loads. A run's page asks twice at once: ``?quick=1`` (everything but the curves,
+answered in milliseconds, so a million-point run's page opens at once) and the full page,
+whose curves follow. A running run's page polls its ``/api/runs/ID?since=TOKEN`` every
 second: the answer is ``{"unchanged": true}`` until the run gains a metric or an event. A run's
 data is cached by that token, so a finished run's downsampling runs once.
 """
@@ -68,9 +70,9 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
         return Response(to_json(data), status_code=status, media_type="application/json",
                         headers={"Cache-Control": "no-store"})
 
-    def shell(title: str, data_url: str, live: bool) -> Response:
-        return HTMLResponse(page_html(None, title, inline=False, data_url=data_url, live=live),
-                            headers=_SECURITY_HEADERS)
+    def shell(title: str, data_url: str, live: bool, quick_url: str | None = None) -> Response:
+        return HTMLResponse(page_html(None, title, inline=False, data_url=data_url, live=live,
+                                      quick_url=quick_url), headers=_SECURITY_HEADERS)
 
     def runs_html(request: Request) -> Response:
         return shell("runs", "/api/runs", live=True)
@@ -79,8 +81,9 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
         return json_response(runs_page(store, list_studies(home)))
 
     def run_html(request: Request) -> Response:
-        run_id = request.path_params["run_id"]
-        return shell(f"run {run_id}", f"/api/runs/{quote(run_id, safe='')}", live=True)
+        url = f"/api/runs/{quote(request.path_params['run_id'], safe='')}"
+        return shell(f"run {request.path_params['run_id']}", url, live=True,
+                     quick_url=f"{url}?quick=1")
 
     def run_api(request: Request) -> Response:
         try:
@@ -88,9 +91,12 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
         except ConfigError as exc:
             return json_response({"error": str(exc)}, 404)
         token = store.metrics_token(run_id)
+        cached = cache.get(run_id, token)
+        if request.query_params.get("quick") and cached is None:
+            return json_response(run_page(store, run_id, home, series=False))
         if request.query_params.get("since") == str(token):
             return json_response({"unchanged": True, "token": token})
-        page = cache.get(run_id, token)
+        page = cached
         if page is None or page["run"]["status"] == "running":
             page = run_page(store, run_id, home)
             cache.put(run_id, page["token"], page)

@@ -69,6 +69,7 @@ def ui(
     """A local, read-only dashboard over the store: runs, a run's curves live, compare, studies."""
     from prudent.report.app import create_app
     from prudent.report.reader import open_readonly
+    from prudent.report.render import plotly_js
 
     try:
         import uvicorn
@@ -76,6 +77,7 @@ def ui(
         raise ConfigError("prudent ui needs its web server: pip install 'prudent[ui]'") from None
     settings = load_settings(config)
     store = open_readonly(settings.store)
+    plotly_js()  # read once now, not while the first page waits
     warning = host_warning(host, port)
     if warning:
         print(warning, file=sys.stderr)

@@ -43,8 +43,11 @@ def runs_page(store: ReadOnlyStore, studies: list[str], limit: int = 1000) -> di
     return {"page": "runs", "runs": rows, "studies": studies}
 
 
-def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None) -> dict[str, Any]:
-    """One run: summary, curves with their event markers, profile, cost, config, events."""
+def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None,
+             series: bool = True) -> dict[str, Any]:
+    """One run: summary, curves with their event markers, profile, cost, config, events.
+    ``series=False``: all but the curves and the last metric values (``series`` is None),
+    which cost a pass over the run's metric rows."""
     from prudent.cost.commands import breakdown
 
     run = store.get_run(run_id)
@@ -52,14 +55,14 @@ def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None) 
         raise KeyError(run_id)
     events = store.events(run_id)
     profile = _newest(events, "profile", "summary")
-    series = run_series(store, run_id, run["step"])
-    summary = _summary(run, store.last_values(run_id, [s["name"] for s in series]))
+    curves = run_series(store, run_id, run["step"]) if series else None
+    summary = _summary(run, store.last_values(run_id, [s["name"] for s in curves or []]))
     findings = [{"id": e["name"], "step": e["step"], "message": e["message"]}
                 for e in events if e["kind"] == "finding"]
     return {
         "page": "run", "run": summary, "verdict": verdict(summary, findings),
         "token": store.metrics_token(run_id),
-        "series": series, "markers": _markers(events), "events": _event_rows(events),
+        "series": curves, "markers": _markers(events), "events": _event_rows(events),
         "profile": profile, "timeline": _timeline(home, run_id), "findings": findings,
         "cost": breakdown(store, run_id), "cost_over_time": _cost_over_time(run, events),
     }

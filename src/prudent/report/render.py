@@ -10,10 +10,12 @@ inside a ``<script type="application/json">`` element with ``<``, ``>`` and ``&`
 from __future__ import annotations
 
 import html
+import importlib.util
 import json
 import math
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from prudent.errors import ConfigError
@@ -30,21 +32,28 @@ def to_json(data: Any) -> str:
 
 
 def page_html(data: dict[str, Any] | None, title: str, *, inline: bool,
-              data_url: str | None = None, live: bool = False) -> str:
+              data_url: str | None = None, live: bool = False,
+              quick_url: str | None = None) -> str:
     """A whole page. ``inline``: the report (assets and data in the file); else the dashboard's
-    page, which links its assets and may fetch its data from ``data_url`` (and poll it when
-    ``live``)."""
+    page, which links its assets and fetches its data from ``data_url`` (and polls it when
+    ``live``). With ``quick_url`` the page is drawn first from that quicker answer (a run
+    without its curves) while the full one is computed: both requests leave at once, before
+    Plotly's bundle loads."""
     blob = "" if data is None else to_json(data)
-    fetch = ("" if data_url is None else
-             f"<script>window.prudentFetch=fetch({json.dumps(data_url)}).then(r=>r.json());"
-             "</script>")
+    fetch = ""
+    if data_url is not None:
+        first = quick_url or data_url
+        fetch = (f"<script>window.prudentFetch=fetch({json.dumps(first)}).then(r=>r.json());"
+                 + (f"window.prudentFull=fetch({json.dumps(data_url)}).then(r=>r.json());"
+                    if quick_url else "") + "</script>")
+    # Plotly is parsed off the main thread (see app.js): the page's text shows first.
     if inline:
         assets = (f"<style>{asset('app.css')}</style>"
-                  f"<script>{_script_safe(plotly_js())}</script>"
-                  f"<script>{_script_safe(asset('app.js'))}</script>")
+                  f'<script type="text/plain" id="plotly-src">{_script_safe(plotly_js())}'
+                  f"</script><script>{_script_safe(asset('app.js'))}</script>")
     else:
         assets = ('<link rel="stylesheet" href="/assets/app.css">'
-                  '<script src="/assets/plotly.min.js"></script>'
+                  '<script id="plotly-js" src="/assets/plotly.min.js" async></script>'
                   '<script src="/assets/app.js"></script>')
     settings = to_json({"links": not inline, "live": live, "data_url": data_url})
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
@@ -65,13 +74,16 @@ def asset(name: str) -> str:
 
 @cache
 def plotly_js() -> str:
-    """Plotly's bundle as the ``plotly`` package installed it (never a CDN, never a copy)."""
-    try:
-        from plotly.offline import get_plotlyjs
-    except ImportError:
-        raise ConfigError("prudent report and prudent ui draw with plotly: "
-                          "pip install 'prudent[ui]'") from None
-    return str(get_plotlyjs())
+    """Plotly's bundle as the ``plotly`` package installed it (never a CDN, never a copy),
+    read from the package's data without importing plotly (a second of imports)."""
+    spec = importlib.util.find_spec("plotly")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        bundle = Path(folder) / "package_data" / "plotly.min.js"
+        if bundle.is_file():
+            return bundle.read_text("utf-8")
+    raise ConfigError("prudent report and prudent ui draw with plotly: "
+                      "pip install 'prudent[ui]'")
 
 
 def _script_safe(code: str) -> str:

@@ -11,6 +11,21 @@
   const LINE_EVENTS = new Set(['rule', 'restart', 'preemption', 'budget', 'stop']);
   const STATES = {complete: '#1f77b4', pruned: '#d62728', failed: '#7f7f7f', running: '#2ca02c'};
   const PLOT_CONFIG = {displaylogo: false, responsive: true};
+  // Plotly's 4.8 MB bundle is parsed off the main thread, while the page shows its text: the
+  // dashboard loads it async; the report keeps it as text and runs it from a blob: URL.
+  const PLOTLY = new Promise((resolve, reject) => {
+    if (window.Plotly) { resolve(); return; }
+    let script = document.getElementById('plotly-js');
+    const source = document.getElementById('plotly-src');
+    if (!script && source) {
+      script = document.createElement('script');
+      script.src = URL.createObjectURL(new Blob([source.textContent], {type: 'text/javascript'}));
+      document.head.append(script);
+    }
+    if (!script) { reject(new Error('Plotly is missing')); return; }
+    script.addEventListener('load', () => resolve());
+    script.addEventListener('error', () => reject(new Error('Plotly did not load')));
+  });
 
   // --- small helpers ------------------------------------------------------------------------
   function el(tag, props, ...children) {
@@ -70,8 +85,8 @@
   function plot(div, traces, layout) {
     const full = Object.assign({margin: {l: 55, r: 20, t: 30, b: 40}, height: 300,
       hovermode: 'closest', legend: {orientation: 'h', y: -0.2}}, layout);
-    const draw = div.dataset.drawn ? Plotly.react : Plotly.newPlot;
-    return draw(div, traces, full, PLOT_CONFIG).then(() => { div.dataset.drawn = '1'; });
+    return PLOTLY.then(() => (div.dataset.drawn ? Plotly.react : Plotly.newPlot)(div, traces, full, PLOT_CONFIG))
+      .then(() => { div.dataset.drawn = '1'; });
   }
 
   // --- runs -------------------------------------------------------------------------------
@@ -290,13 +305,20 @@
         '; hover one to read it'}), curves),
       profileSection(data), findingsSection(data.findings), costSection(data), configSection(data.run),
       eventsSection(data.events));
-    drawCurves(curves, data).then(() => { APP.dataset.curvesDrawnMs = performance.now().toFixed(1); });
+    if (data.series === null) {  // a quick first answer: the curves follow from the full one
+      curves.replaceChildren(el('p', {cls: 'muted', id: 'curves-loading', text: 'drawing the curves…'}));
+    } else {
+      curvesDrawn(drawCurves(curves, data));
+    }
     APP.dataset.lastStep = String(data.run.step);
+  }
+  function curvesDrawn(promise) {
+    promise.then(() => { APP.dataset.curvesDrawnMs = performance.now().toFixed(1); });
   }
   function updateRun(data) {  // live: new points and events, the charts keep their zoom
     const summary = document.getElementById('summary');
     summary.replaceWith(runSummary(data.run, data.verdict));
-    drawCurves(document.getElementById('curves'), data);
+    curvesDrawn(drawCurves(document.getElementById('curves'), data));
     document.getElementById('events').closest('section').replaceWith(eventsSection(data.events));
     APP.dataset.lastStep = String(data.run.step);
     APP.dataset.updates = String(Number(APP.dataset.updates || 0) + 1);
@@ -404,10 +426,16 @@
       if (SETTINGS.live) poll(data, (fresh) => { data = fresh; state = runsPage(fresh, state); }, 2000);
     } else if (data.page === 'run') {
       runPage(data);
-      if (SETTINGS.live && data.run.status === 'running') poll(data, updateRun, 1000);
+      const full = data.series === null && window.prudentFull ? window.prudentFull : Promise.resolve(data);
+      full.then((fresh) => {
+        if (fresh.error) throw new Error(fresh.error);
+        if (fresh !== data) updateRun(fresh);
+        if (SETTINGS.live && fresh.run.status === 'running') poll(fresh, updateRun, 1000);
+      }).catch(failed);
     } else if (data.page === 'compare') comparePage(data);
     else if (data.page === 'study') studyPage(data);
     APP.dataset.page = data.page;
+    APP.dataset.openMs = performance.now().toFixed(1);
     APP.dataset.ready = '1';
   }
   function failed(error) { APP.replaceChildren(el('p', {cls: 'error', text: 'could not load: ' + error})); }
