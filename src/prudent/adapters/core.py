@@ -160,6 +160,12 @@ class AdapterRun:
     def step_end(self, **metrics: Any) -> StopReason | None:
         """One optimizer step done: metrics, rules, checkpoint when due, budget, preemption.
         Returns the stop the framework must make now, if any (see :meth:`take_stop`)."""
+        self.count_step(metrics)
+        return self.take_stop()
+
+    def count_step(self, metrics: dict[str, Any]) -> None:
+        """:meth:`step_end` without announcing a stop: for a framework that must first write
+        its own checkpoint (then :meth:`take_stop`; see :meth:`stop_pending`)."""
         ctx = self.ctx
         ctx.state.step += 1
         for handler in self._step_end:
@@ -167,7 +173,12 @@ class AdapterRun:
         if ctx.host_reads:
             ctx.host_reads.clear()
         self._batch_end = clock()
-        return self.take_stop()
+
+    def stop_pending(self) -> StopReason | None:
+        """A stop requested but not yet announced (None: none, or ranks must agree first)."""
+        if self.stop is not None or self.ctx.defer_stops:
+            return None
+        return self.ctx.pending_stop
 
     def batch_end(self) -> None:
         """A micro-batch of gradient accumulation ended without an optimizer step."""
