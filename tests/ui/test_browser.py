@@ -218,6 +218,7 @@ def test_live_run_page_gains_points_while_the_run_writes(page: Any, tmp_path: Pa
         hammer.start()
         _open(page, server.url + "/runs/live")
         lags = [_lag_of_next_point(page, db) for _ in range(5)]
+        print(f"store-to-page lag of new points: {', '.join(f'{s:.2f} s' for s in lags)}")
         assert max(lags) < 2.0, lags
         assert int(page.locator('.curve[data-metric="loss"]').get_attribute("data-points")) > 20
         _shoot(page, screenshots, "run-live")

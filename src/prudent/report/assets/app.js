@@ -402,8 +402,9 @@
       const dims = params.map((p) => {
         const vals = complete.map((t) => (p in t.params ? t.params[p] : '—'));  // conditional ones
         if (vals.every((v) => typeof v === 'number')) return {label: plotText(p), values: vals};
-        const cats = [...new Set(vals.map(String))].sort();
-        return {label: plotText(p), values: vals.map((v) => cats.indexOf(String(v))), tickvals: cats.map((_, i) => i), ticktext: cats.map(plotText)};
+        const label = (v) => (typeof v === 'number' ? num(v, 3) : String(v));
+        const cats = [...new Set(vals.map(label))].sort();
+        return {label: plotText(p), values: vals.map((v) => cats.indexOf(label(v))), tickvals: cats.map((_, i) => i), ticktext: cats.map(plotText)};
       });
       dims.push({label: plotText(s.objective || 'value'), values: complete.map((t) => t.value)});
       plot(divs.parallel, [{type: 'parcoords', dimensions: dims, line: {color: complete.map((t) => t.value), colorscale: 'Viridis', showscale: true}}],
