@@ -203,6 +203,38 @@ def test_a_third_machine_adds_the_recovered_rows_of_a_lost_attempt_once(tmp_path
     third.close()
 
 
+def test_runs_sharing_a_run_id_template_in_checkpoint_url_each_keep_their_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRUDENT_CONSOLE", "off")
+    settings = make_settings(tmp_path / "home", checkpoint={
+        "url": str(tmp_path / "bucket" / "{run_id}"), "every": "3steps", "mode": "sync"})
+
+    def train(run_id: str, steps: int) -> None:
+        monkeypatch.setenv("PRUDENT_RUN_ID", run_id)
+        components = [MetricsRecorder(every_s=0.5), RecordSync(settings.checkpoint),
+                      CostMeter(settings.cost, quiet=True), Checkpointer(settings.checkpoint)]
+        run = prudent.init(name=run_id, settings=settings, components=components,
+                           exit_on_stop=False)
+        run.attach(model=tiny_model())
+        with run:
+            for it in run.steps(steps):
+                run.step(loss=1.0 / (it + 1))
+
+    train("r1", 4)
+    train("r2", 5)  # one URL for both runs: refused (exit 2) before {run_id}
+    train("r1", 7)  # continues its own checkpoint and record, not r2's
+    assert sorted(p.name for p in (tmp_path / "bucket").iterdir()) == ["r1", "r2"]
+    store = Store.open(settings.store)
+    steps = [step for step, _ in store.metric_series("r1", "loss")]
+    assert steps == [1, 2, 3, 4, 4, 5, 6, 7] and store.get_run("r1")["restarts"] == 1
+    assert [step for step, _ in store.metric_series("r2", "loss")] == [1, 2, 3, 4, 5]
+    store.close()
+    for run_id in ("r1", "r2"):
+        record = read_record(open_storage(str(tmp_path / "bucket" / run_id)), run_id)
+        assert record is not None and record.run_id == run_id
+
+
 def test_a_record_of_another_run_is_refused_and_nothing_merged(tmp_path: Path) -> None:
     storage = open_storage(str(tmp_path / "bucket"))
     storage.put(FOLDER, segment_file("x1", 0), _segment("other", Attempt("x1", "h", 1, 1.0, 2.0)))

@@ -48,7 +48,7 @@ class Checkpointer(Component):
     # resume -------------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
         self.read_only = not ranks_from_env().is_main
-        self.storage = open_storage(self.settings.url or _default_location(run))
+        self.storage = open_storage(self.settings.location(run.id, run.run_dir))
         self.writer = CheckpointWriter(self.storage, self.settings.keep,
                                        asynchronous=self.settings.mode == "async")
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prudent.units import parse_duration_s, parse_interval
@@ -22,6 +24,7 @@ class CheckpointSettings(BaseModel):
     mode: str = Field("async", description="async: the loop only copies tensors to host memory; "
                       "sync: the loop waits for the write.")
     url: str | None = Field(None, description="Folder or fsspec URL (s3://bucket/prefix); "
+                            "{run_id} in it is the run's id (one URL for many runs); "
                             "default <run folder>/checkpoints (/opt/ml/checkpoints on SageMaker).")
     mtbi: str = Field("6h", description="Mean time between interruptions, for every: auto.")
     heartbeat_interval: str = Field("60s", description="How often a small heartbeat (attempt, "
@@ -57,6 +60,15 @@ class CheckpointSettings(BaseModel):
         if interval.strip().lower() != "off" and parse_duration_s(interval) <= 0:
             raise ValueError("must be positive, e.g. '60s', or 'off'")
         return interval
+
+    def location(self, run_id: str, run_dir: Path) -> str:
+        """Where run ``run_id`` keeps its checkpoints and record: ``url`` with ``{run_id}``
+        replaced (one URL for many runs: ``s3://bucket/runs/{run_id}``), else the default."""
+        from prudent.checkpoint.storage import default_location
+
+        if self.url:
+            return self.url.replace("{run_id}", run_id)
+        return default_location(run_id, run_dir)
 
     def heartbeat_interval_s(self) -> float | None:
         """Seconds between heartbeats; None when they are off."""

@@ -124,7 +124,8 @@ def _checked(body: Any, kind: str, run_id: str, where: str) -> dict[str, Any]:
     if body.get("run_id") != run_id:
         raise ConfigError(
             f"the run record at {where} belongs to run {body.get('run_id')!r}, not {run_id!r}: "
-            "it was not merged. Give this run its own checkpoint.url, or start it with "
+            "it was not merged. Give each run its own checkpoint location (checkpoint.url: "
+            "s3://bucket/runs/{run_id} gives every run one), or start it with "
             f"--run-id {body.get('run_id')} to continue that run")
     return body
 
