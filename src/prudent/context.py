@@ -67,6 +67,9 @@ class RunContext:
         self.batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self.resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
         self.step_limit: int | None = None  # run.steps stops here (preflight's short loops)
+        # the checkpointer, once started: keep(ctx, label) and restore(ctx, before_step=...)
+        # for components that roll back or keep a best checkpoint (None: checkpoints are off)
+        self.checkpoints: Any = None
         self._home = Path(home)
         self._handle_signals = handle_signals
         self._stop: StopReason | None = None
