@@ -16,8 +16,14 @@ from typing import TYPE_CHECKING, Any
 from prudent.checkpoint.objects import check_saveable, restore_object, state_of
 from prudent.checkpoint.schedule import SaveSchedule
 from prudent.checkpoint.settings import CheckpointSettings
-from prudent.checkpoint.storage import CheckpointStorage, default_location, open_storage
-from prudent.checkpoint.writer import CheckpointWriter, SaveResult, load_latest
+from prudent.checkpoint.storage import (
+    CheckpointStorage,
+    checkpoint_name,
+    default_location,
+    open_storage,
+    step_of,
+)
+from prudent.checkpoint.writer import CheckpointWriter, SaveResult, load_checkpoint, load_latest
 from prudent.distributed import ranks_from_env
 from prudent.errors import ConfigError
 from prudent.events import Component, Event, EventKind
@@ -44,9 +50,11 @@ class Checkpointer(Component):
         self._sync_save_s: float | None = None
         self._writing = False  # a background write was started and its result not yet read
         self.read_only = False  # torchrun ranks other than 0 restore but never write
+        self.pinned: dict[str, str] = {}  # label -> checkpoint kept whatever `keep` says
 
     # resume -------------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
+        run.checkpoints = self  # rollback and early stopping's best weights ask us
         self.read_only = not ranks_from_env().is_main
         self.storage = open_storage(self.settings.location(run.id, run.run_dir))
         self.writer = CheckpointWriter(self.storage, self.settings.keep,
@@ -65,6 +73,7 @@ class Checkpointer(Component):
             self._no_usable_checkpoint(run, len(loaded.skipped))
             return
         self._resume(run, loaded.name, loaded.payload)
+        self.writer.pinned = set(self.pinned.values())
 
     def _no_usable_checkpoint(self, run: RunContext, count: int) -> None:
         message = (f"none of the {count} checkpoints in {self.storage.url} is usable "  # type: ignore[union-attr]
@@ -159,12 +168,66 @@ class Checkpointer(Component):
         if result is not None:
             self._report(run, [result])
 
+    # what other components ask of the checkpoints (through run.checkpoints) ----------------
+    def keep(self, run: RunContext, label: str) -> str | None:
+        """Checkpoint now (unless a checkpoint of this very position exists) and keep it under
+        ``label`` whatever ``keep`` says; the checkpoint kept under ``label`` before returns to
+        the usual rotation. Returns the checkpoint's name (None when nothing is written here)."""
+        if self.writer is None or self.read_only:
+            return None
+        name = checkpoint_name(run.state.step)
+        self.pinned[label] = name  # before the save: the pin rides in the checkpoint itself
+        self.writer.pinned = set(self.pinned.values())
+        if not self._at_saved_position(run):
+            self.save(run, f"keep:{label}")
+        return name
+
+    def restore(self, run: RunContext, *, before_step: int | None = None,
+                name: str | None = None) -> tuple[str, int] | None:
+        """Load into the attached objects (model, optimizer, scheduler, ...) the newest good
+        checkpoint older than ``before_step``, or the one called ``name``; the counters go on.
+        Returns its name and step, or None when there is none."""
+        if self.writer is None or self.storage is None:
+            return None
+        self.writer.wait()
+        self._report(run, self.writer.completed())
+        for candidate in self.storage.checkpoints():  # newest first
+            step = step_of(candidate)
+            if (name is not None and candidate != name) or step is None:
+                continue
+            if before_step is not None and step >= before_step:
+                continue
+            payload = load_checkpoint(self.storage, candidate)
+            if payload is None:
+                continue
+            for key, obj in run.objects.items():
+                if key in payload["objects"]:
+                    restore_object(obj, payload["objects"][key])
+            run.record_event(EventKind.CHECKPOINT, "restored", f"{', '.join(run.objects)} put "
+                             f"back as they were at step {step} ({candidate}), at step "
+                             f"{run.state.step}", checkpoint=candidate, checkpoint_step=step)
+            return candidate, step
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pinned": dict(self.pinned)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.pinned = dict(state.get("pinned", {}))
+
     def _at_saved_position(self, run: RunContext) -> bool:
         state = run.state
         return self._last_position == (state.step, state.epoch, state.batches_in_epoch)
 
     def _report(self, run: RunContext, results: list[SaveResult]) -> None:
         for result in results:
+            if result.not_finite is not None:
+                message = (f"checkpoint at step {result.step} not kept: {result.not_finite} holds "
+                           "NaN or infinite values; the older checkpoints are kept")
+                print(f"prudent: warning: {message}", file=sys.stderr)
+                run.record_event(EventKind.CHECKPOINT, "not_finite", message, step=result.step,
+                                 tensor=result.not_finite)
+                continue
             if result.error is not None:
                 message = (f"checkpoint at step {result.step} failed: {result.error}; the previous "
                            "checkpoint is kept")

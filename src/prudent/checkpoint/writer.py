@@ -2,7 +2,8 @@
 
 Saving: the training thread takes a snapshot (tensors copied to host memory, so the next
 optimizer step cannot change what is written); serialising, writing, fsync, commit, a
-read-back checksum check and retention run on a background thread, one save in flight at a
+read-back checksum check and retention run on a background thread (after a check that every
+floating-point tensor is finite: a snapshot holding NaN/inf is never committed, see ``finite.py``), one save in flight at a
 time (a second save waits for the first: memory stays bounded to one snapshot). In sync mode
 the same steps run on the caller's thread. Loading: newest first; a checkpoint whose manifest
 is missing, whose checksum differs, or that the deserialiser rejects (the error a truncated
@@ -25,9 +26,11 @@ from typing import Any
 
 import torch
 
+from prudent.checkpoint.finite import first_non_finite
 from prudent.checkpoint.storage import CheckpointStorage, LocalStorage, checkpoint_name, step_of
 
-__all__ = ["CheckpointWriter", "LoadedCheckpoint", "SaveResult", "host_copy", "load_latest"]
+__all__ = ["CheckpointWriter", "LoadedCheckpoint", "SaveResult", "host_copy", "load_checkpoint",
+           "load_latest"]
 
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
@@ -44,6 +47,7 @@ class SaveResult:
     write_s: float = 0.0
     error: str | None = None
     deleted: list[str] = field(default_factory=list)
+    not_finite: str | None = None  # the tensor holding NaN/inf: the checkpoint was not kept
 
 
 @dataclass
@@ -124,6 +128,7 @@ class CheckpointWriter:
         self.keep = keep
         self.asynchronous = asynchronous
         self.known_bad: set[str] = set()
+        self.pinned: set[str] = set()  # never deleted by retention (early stopping's best)
         self._results: queue.SimpleQueue[SaveResult] = queue.SimpleQueue()
         self._in_flight: threading.Thread | None = None
         self._buffers = SnapshotBuffers()
@@ -172,6 +177,11 @@ class CheckpointWriter:
         started = time.perf_counter()
         handle = None
         try:
+            result.not_finite = first_non_finite(snapshot)
+            if result.not_finite is not None:
+                result.error = f"{result.not_finite} holds NaN or infinite values"
+                result.write_s = time.perf_counter() - started
+                return result
             handle = self.storage.begin(name)
             digest, result.num_bytes = self._write_state(handle, snapshot)
             self._write_manifest(handle, step, digest, result.num_bytes, meta)
@@ -228,6 +238,8 @@ class CheckpointWriter:
                 continue
             if (step_of(name) or 0) > newest_step and name not in self.known_bad:
                 continue  # newer than ours (another attempt's): not ours to judge
+            if name in self.pinned:
+                continue  # kept whatever keep says (early stopping's best evaluation)
             complete = self.storage.read(name, MANIFEST_FILE) is not None
             if len(kept) < self.keep and complete and name not in self.known_bad:
                 kept.add(name)
@@ -252,6 +264,17 @@ def load_latest(storage: CheckpointStorage) -> LoadedCheckpoint | None:
                 problem = f"cannot be deserialised safely ({type(exc).__name__}: {exc})"
         skipped.append((name, problem))
     return None if not skipped else LoadedCheckpoint("", {}, skipped)
+
+
+def load_checkpoint(storage: CheckpointStorage, name: str) -> dict[str, Any] | None:
+    """One checkpoint's payload if it passes its checks (None otherwise)."""
+    problem, data = _check(storage, name)
+    if problem is not None:
+        return None
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+    except Exception:  # noqa: BLE001 - any deserialiser error means unusable
+        return None
 
 
 def _check(storage: CheckpointStorage, name: str) -> tuple[str | None, bytes]:
