@@ -179,6 +179,17 @@ def test_an_attempt_that_ended_cleanly_elsewhere_is_not_billed_as_a_crash(machin
     store.close()
 
 
+def test_back_on_the_first_machine_each_attempt_has_one_end(machine: Any) -> None:
+    machine("a", steps=4).close()
+    machine("b", steps=7).close()  # recovers a's end from its heartbeat, and sends it on
+    store = machine("a", steps=9)
+    ends = [e["payload"] for e in store.events("spot1") if e["name"] == "end"]
+    assert len(ends) == 3, ends
+    assert [bool(e.get("recovered")) for e in ends].count(True) == 1  # b's, from b's beat
+    assert store.get_run("spot1")["restarts"] == 2
+    store.close()
+
+
 def test_a_third_machine_adds_the_recovered_rows_of_a_lost_attempt_once(tmp_path: Path) -> None:
     storage = open_storage(str(tmp_path / "bucket"))
     storage.put(FOLDER, heartbeat_file("a1"), encode_heartbeat(

@@ -99,7 +99,9 @@ def merge_into(store: Store, run_id: str, record: Record, current: str) -> Impor
     events, metrics = _new_rows(record, known_events, known_metrics)
     foreign = [a for a in sorted(record.attempts.values(), key=lambda a: a.started_at)
                if a.id not in local_attempts and a.id != current]
-    ends = [e["wall"] for e in local if (e["kind"], e["name"]) == ("lifecycle", "end")]
+    ends = [e["wall"] for e in local if (e["kind"], e["name"]) == ("lifecycle", "end")
+            and not e["payload"].get("recovered")]
+    events = _without_recovered_ends(events, record, ends)
     # recovered rows are rebuilt the same on every machine: one that already travelled in a
     # segment (a third machine imports the second's) is not added again
     travelled = known_events | record.keys()[0]
@@ -126,10 +128,27 @@ def _recovered_rows(record: Record, foreign: list[Attempt], local_ends: list[flo
     rows = [_price_row(a) for a in foreign if a.id not in priced]
     rows += [_lost_row(a, _last_wall(record, a.id)) for a in foreign if a.status is None]
     ends = local_ends + [r[5] for s in record.segments for r in s.events
-                         if (r[1], r[2]) == ("lifecycle", "end")]
+                         if (r[1], r[2]) == ("lifecycle", "end") and not _payload(r).get(
+                             "recovered")]
     starts = sorted(a.started_at for a in record.attempts.values())
     return rows + [_end_row(a) for a in foreign
                    if a.status is not None and not _ended_in(a, starts, ends)]
+
+
+def _without_recovered_ends(events: list[list[Any]], record: Record, local_ends: list[float]
+                            ) -> list[list[Any]]:
+    """Another machine's recovered end of an attempt whose own end is known (this machine
+    ran it, or its end travelled since) is not added beside it."""
+    ends = local_ends + [r[5] for r in events if (r[1], r[2]) == ("lifecycle", "end")
+                         and not _payload(r).get("recovered")]
+    starts = sorted(a.started_at for a in record.attempts.values())
+    kept = []
+    for row in events:
+        attempt = record.attempts.get(_payload(row).get("attempt", "")) if (
+            row[1], row[2]) == ("lifecycle", "end") and _payload(row).get("recovered") else None
+        if attempt is None or not _ended_in(attempt, starts, ends):
+            kept.append(row)
+    return kept
 
 
 def _ended_in(attempt: Attempt, starts: list[float], ends: list[float]) -> bool:
