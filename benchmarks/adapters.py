@@ -14,7 +14,7 @@ CPU time (``time.thread_time``) instead of the wall clock.
 
 Reproduce::
 
-    python benchmarks/adapters.py                      # Lightning, 6 rounds x 150 steps
+    python benchmarks/adapters.py                      # each framework, 6 rounds x 150 steps
     python benchmarks/adapters.py --rounds 10 --steps 300 --clock cpu
 """
 
@@ -67,7 +67,48 @@ def _lightning_fit(with_prudent: bool, steps: int, clock: Any) -> list[float]:
     return times
 
 
-FRAMEWORKS = {"lightning": _lightning_fit}
+def _transformers_fit(with_prudent: bool, steps: int, clock: Any) -> list[float]:
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from transformers_tiny_bert import LENGTH, VOCAB, MarkerSequences
+
+    times: list[float] = []
+
+    class StepTimes(TrainerCallback):
+        last: float | None = None
+
+        def on_step_end(self, *args: Any, **kwargs: Any) -> None:
+            now = clock()
+            if self.last is not None:
+                times.append(now - self.last)
+            self.last = now
+
+    callbacks: list[Any] = [StepTimes()]
+    if with_prudent:
+        from prudent.transformers import PrudentCallback
+
+        callbacks.append(PrudentCallback(name="bench-transformers", config={}))
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=LENGTH, num_labels=2))
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(output_dir=out, max_steps=steps, save_strategy="no",
+                                 report_to="none", use_cpu=True, disable_tqdm=True,
+                                 per_device_train_batch_size=32, logging_steps=10**6)
+        Trainer(model=model, args=args, train_dataset=MarkerSequences(steps * 32, 0),
+                callbacks=callbacks).train()
+    return times
+
+
+FRAMEWORKS = {"lightning": _lightning_fit, "transformers": _transformers_fit}
 
 
 def compare(framework: str, rounds: int, steps: int, warmup: int, clock: Any) -> dict[str, Any]:

@@ -60,6 +60,7 @@ class PrudentCallback(TrainerCallback):
         self._output_dir: Path | None = None
         self._saving_to_stop = False
         self._epoch_done: int | None = None  # ended, but the Trainer has yet to evaluate it
+        self._written: Path | None = None  # the newest checkpoint folder the Trainer wrote
 
     @property
     def config(self) -> dict[str, Any]:
@@ -82,35 +83,37 @@ class PrudentCallback(TrainerCallback):
             args.max_steps = 2 * steps
             if getattr(args, "eval_steps", None):
                 args.eval_steps = steps
+            # smoke runs are not the user's runs: their checkpoints stay in the throwaway home
+            args.output_dir = str(self.adapter.ctx.run_dir / "trainer-output")
         self._output_dir = Path(args.output_dir)
         self.adapter.framework_checkpoint.bind(self._newest_checkpoint)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
         self.adapter.ctx.state.step = state.global_step  # where the Trainer resumed
-        self.adapter.watch(model=model, optimizer=optimizer)
+        # accelerate's AcceleratedOptimizer wraps the torch optimizer that steps
+        self.adapter.watch(model=model, optimizer=getattr(optimizer, "optimizer", optimizer))
         if model is not None and not self._hooks:
             self._hooks = [model.register_forward_pre_hook(self._forward_starts, with_kwargs=True),
                            model.register_forward_hook(self._forward_ends)]
 
-    def _newest_checkpoint(self, folder: Path) -> Path:
-        """The Trainer's newest checkpoint folder, copied: prudent's checkpoint carries it."""
-        from transformers.trainer_utils import get_last_checkpoint
-
-        newest = get_last_checkpoint(str(self._output_dir)) if self._output_dir and \
-            self._output_dir.is_dir() else None
-        target = folder / "none"
-        if newest is None:
-            target.mkdir()
-            return target
-        target = folder / Path(newest).name
-        shutil.copytree(newest, target)
+    def _newest_checkpoint(self, folder: Path) -> Path | None:
+        """The newest checkpoint folder this process's Trainer wrote, copied: prudent's
+        checkpoint carries it (None: none yet; the one resumed from stays carried)."""
+        if self._written is None or not self._written.is_dir():
+            return None
+        target = folder / self._written.name
+        shutil.copytree(self._written, target)
         return target
 
     # the loop -------------------------------------------------------------------------------
-    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None,
+                       **kwargs: Any) -> None:
         self._end_epoch(control)
-        steps = state.max_steps // max(1, int(args.num_train_epochs)) if state.max_steps else None
+        try:
+            steps: int | None = len(train_dataloader) // max(1, args.gradient_accumulation_steps)
+        except TypeError:
+            steps = None
         self.adapter.epoch_start(int(state.epoch or 0), int(args.num_train_epochs), steps)
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -146,14 +149,16 @@ class PrudentCallback(TrainerCallback):
         if pending is None:
             return
         control.should_training_stop = True
-        worthless = pending.kind is StopKind.PRUNED or pending.rule == "non_finite"
-        if worthless or not adapter.ctx.exit_on_stop and pending.kind is StopKind.PREFLIGHT:
+        # a pruned trial never resumes, NaN weights are not worth it, preflight's overfit
+        # run is done: no checkpoint for those
+        if pending.kind in (StopKind.PRUNED, StopKind.PREFLIGHT) or pending.rule == "non_finite":
             adapter.take_stop()
         else:  # the Trainer writes its checkpoint first; prudent's takes it along (on_save)
             control.should_save = True
             self._saving_to_stop = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._written = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if self._saving_to_stop:
             self._saving_to_stop = False
             self.adapter.take_stop()

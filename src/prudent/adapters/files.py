@@ -18,7 +18,8 @@ from typing import Any
 
 __all__ = ["FrameworkCheckpoint"]
 
-Writer = Callable[[Path], Path]  # writes into a folder, returns the file or folder to resume from
+# writes into a folder, returns the file or folder to resume from (None: nothing new to carry)
+Writer = Callable[[Path], "Path | None"]
 
 
 class FrameworkCheckpoint:
@@ -46,6 +47,8 @@ class FrameworkCheckpoint:
         scratch.mkdir(parents=True)
         try:
             entry = self._write(scratch)
+            if entry is None:
+                return dict(self._state)
             files = {p.relative_to(scratch).as_posix(): p.read_bytes()
                      for p in sorted(scratch.rglob("*")) if p.is_file()}
             return {"entry": entry.relative_to(scratch).as_posix(), "files": files}
@@ -53,7 +56,7 @@ class FrameworkCheckpoint:
             shutil.rmtree(scratch, ignore_errors=True)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._state = dict(state)
+        self._state = dict(state)  # carried on until the framework writes a newer one
         if not state.get("files"):
             return
         target = self.folder / "restored"

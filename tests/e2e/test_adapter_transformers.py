@@ -1,0 +1,139 @@
+"""prudent.transformers end to end: the Hugging Face Trainer in real processes, under real
+`prudent run`, `tune` and `preflight` commands (tests/e2e/scripts/transformers_train.py: a
+2-layer BERT built from a config, generated token sequences)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.e2e.conftest import ROOT, Project, child_of, script
+from tests.e2e.test_resume import assert_identical, attempts
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+TRAIN = script("transformers_train.py")
+STEPS = 16  # 2 epochs of 256 sequences in batches of 32
+
+
+def _saved(run: dict) -> list[int]:
+    return [e["step"] for e in run["events"] if (e["kind"], e["name"]) == ("checkpoint", "saved")]
+
+
+def test_a_healthy_trainer_run_is_recorded_with_metrics_profile_and_cost(
+        project: Project) -> None:
+    result = project.prudent("run", "--run-id", "healthy", "--set", "learning_rate=0.003",
+                             "--", sys.executable, TRAIN, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert f"DONE {STEPS}" in result.stdout
+    run = project.show("healthy")
+    assert (run["status"], run["exit_code"], run["step"]) == ("completed", 0, STEPS)
+    # --set reached TrainingArguments; the Trainer's other hyperparameters joined the config
+    assert run["config"]["learning_rate"] == 0.003 and run["config"]["weight_decay"] == 0.0
+    assert "eval_accuracy" in run["metrics"] and "loss" in run["metrics"]
+    assert run["profile"]["num_steps"] == STEPS and run["profile"]["breakdown"]["eval"]["s"] > 0
+    assert run["cost"]["attempts"] == 1
+
+
+@pytest.mark.slow
+def test_a_nan_step_is_stopped_by_non_finite_with_exit_3_despite_the_nan_filter(
+        project: Project) -> None:
+    # logging_nan_inf_filter is on by default: the Trainer's logged loss would hide the NaN
+    (project.path / "prudent.yaml").write_text("checkpoint: {every: 4steps}\n")
+    result = project.prudent("run", "--run-id", "nan", "--set", "nan_at_step=6", "--",
+                             sys.executable, TRAIN, timeout=240)
+    assert result.returncode == 3, result.stderr
+    assert "rule non_finite: loss is NaN at step 6" in result.stderr
+    run = project.show("nan")
+    assert (run["status"], run["stop_reason"], run["step"]) == ("stopped", "rule:non_finite", 6)
+    assert _saved(run) and max(_saved(run)) < 6  # the NaN weights were never saved
+    assert "DONE" not in result.stdout
+
+
+@pytest.mark.slow
+def test_sigterm_exits_75_and_the_relaunch_resumes_to_identical_weights(
+        project: Project) -> None:
+    reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--",
+                                sys.executable, TRAIN, timeout=240)
+    assert reference.returncode == 0, reference.stderr
+    (project.path / "steps.log").unlink()
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "prudent", "run", "--run-id", "victim", "--max-restarts", "1",
+         "--restart-backoff-s", "0.1", "--set", "sleep_s=0.2", "--", sys.executable, TRAIN],
+        cwd=project.path, env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    child = child_of(supervisor, None)
+    log = project.path / "steps.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and len(log.read_text().splitlines()) >= 5):  # mid epoch 1 of 2
+        assert supervisor.poll() is None and time.monotonic() < deadline, supervisor.stderr
+        time.sleep(0.05)
+    child.terminate()
+    out, err = supervisor.communicate(timeout=240)
+    assert supervisor.returncode == 0, err
+    assert "relaunch 1 of 1 after exit code 75" in err and f"DONE {STEPS}" in out
+    before, after = attempts(log)
+    assert after[0] == before[-1] + 1 and after[-1] == STEPS  # no step redone, none skipped
+    assert_identical(torch.load(project.path / "ref.pt", weights_only=True),
+                     torch.load(project.path / "final.pt", weights_only=True))
+    run = project.show("victim")
+    assert (run["status"], run["restarts"]) == ("completed", 1)
+    assert before[-1] in _saved(run)  # the stop saved the Trainer's checkpoint at once
+
+
+@pytest.mark.slow
+def test_the_budget_stops_the_trainer_with_its_checkpoint_and_exit_4(project: Project) -> None:
+    (project.path / "prices.csv").write_text(
+        "cloud,instance,region,gpu,num_gpus,vcpus,memory_gib,on_demand_usd,spot_usd,prices_as_of\n"
+        "test,pricey,lab,A100,1,8,64,3600,1800,2026-12-01\n")  # $1 a second
+    (project.path / "prudent.yaml").write_text(
+        "cost: {catalog_file: prices.csv, stop_margin: 0s, update_interval_s: 0.5, detect: 'off'}\n")
+    result = project.prudent("run", "--run-id", "b", "--instance", "test:pricey",
+                             "--budget-usd", "12", "--set", "sleep_s=1", "--",
+                             sys.executable, TRAIN, timeout=240)
+    assert result.returncode == 4, result.stderr
+    assert "budget_usd $12.00 reached" in result.stderr and "DONE" not in result.stdout
+    run = project.show("b")
+    assert (run["status"], run["stop_reason"]) == ("stopped", "budget")
+    assert 0 < run["step"] < STEPS and _saved(run)[-1] == run["step"]
+    assert (project.path / "hf-out" / f"checkpoint-{run['step']}").is_dir()
+
+
+@pytest.mark.slow
+def test_a_tuning_study_prunes_the_diverging_trainer_trial_with_exit_5(
+        project: Project) -> None:
+    (project.path / "space.yaml").write_text(
+        "learning_rate: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}\n"
+        "nan_at_step: {type: categorical, choices: [-1, 3]}\n")
+    trials = ['{"learning_rate": 0.002, "nan_at_step": -1}',
+              '{"learning_rate": 0.001, "nan_at_step": 3}',
+              '{"learning_rate": 0.003, "nan_at_step": -1}',
+              '{"learning_rate": 0.0005, "nan_at_step": -1}']
+    result = project.prudent(
+        "tune", "--space", "space.yaml", "--objective", "eval_accuracy", "--study", "s",
+        "--trials", "4", "--pruner", "none", "--set", "num_train_epochs=1",
+        *[arg for t in trials for arg in ("--enqueue", t)], "--",
+        sys.executable, TRAIN, timeout=480)
+    assert result.returncode == 0, result.stderr
+    study = json.loads(project.prudent("study", "s", "--json").stdout)
+    states = {t["number"]: (t["state"], t["pruned_by"]) for t in study["trials"]}
+    assert states[1] == ("pruned", "rule:non_finite"), states
+    assert [states[n][0] for n in (0, 2, 3)] == ["complete"] * 3, states
+    sick = project.show(study["trials"][1]["run_id"])
+    assert (sick["exit_code"], sick["stop_reason"]) == (5, "pruned")
+
+
+@pytest.mark.slow
+def test_preflight_passes_the_transformers_example(project: Project) -> None:
+    result = project.prudent("preflight", "--", sys.executable,
+                             str(ROOT / "examples" / "transformers_tiny_bert.py"), timeout=480)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for check in ("runs end to end", "losses are finite", "gradients reach every parameter",
+                  "checkpoint round trip and exact resume"):
+        assert f"PASS  {check}" in result.stdout, result.stdout
