@@ -12,6 +12,7 @@ data is cached by that token, so a finished run's downsampling runs once.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -37,22 +38,33 @@ _ASSETS = {"app.js": "text/javascript", "app.css": "text/css",
 
 
 class _RunCache:
-    """The newest pages of a few runs, each with the token it was built at."""
+    """The newest pages of a few runs, each with the token it was built at, when, and how long
+    it took: a running run's page is rebuilt at most every ``max(0.3 s, 4 x that time)``, so
+    that watching a huge live run never takes more than a fifth of a core from its training."""
 
     def __init__(self, size: int = 16) -> None:
-        self.pages: OrderedDict[str, tuple[int, dict[str, Any]]] = OrderedDict()
+        self.pages: OrderedDict[str, tuple[int, Any, float, float]] = OrderedDict()
         self.size = size
         self.lock = threading.Lock()
 
-    def get(self, run_id: str, token: int) -> dict[str, Any] | None:
+    def get(self, key: str, token: int) -> Any:
         with self.lock:
-            found = self.pages.get(run_id)
+            found = self.pages.get(key)
             return found[1] if found and found[0] == token else None
 
-    def put(self, run_id: str, token: int, page: dict[str, Any]) -> None:
+    def recent(self, key: str) -> Any:
+        """The newest page when it is younger than its rebuild interval, else None."""
         with self.lock:
-            self.pages[run_id] = (token, page)
-            self.pages.move_to_end(run_id)
+            found = self.pages.get(key)
+        if found is None:
+            return None
+        _, page, built, cost_s = found
+        return page if time.monotonic() - built < max(0.3, 4 * cost_s) else None
+
+    def put(self, key: str, token: int, page: Any, cost_s: float = 0.0) -> None:
+        with self.lock:
+            self.pages[key] = (token, page, time.monotonic(), cost_s)
+            self.pages.move_to_end(key)
             while len(self.pages) > self.size:
                 self.pages.popitem(last=False)
 
@@ -65,6 +77,15 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
 
     home = settings.store.home
     cache = _RunCache()
+    last_values = _RunCache(size=10_000)
+
+    def last_metrics(run_id: str) -> dict[str, float | None]:  # a scan per run: only on change
+        token = store.metrics_token(run_id)
+        found = last_values.get(run_id, token)
+        if found is None:
+            found = store.last_metrics(run_id)
+            last_values.put(run_id, token, found)
+        return dict(found)
 
     def json_response(data: Any, status: int = 200) -> Response:
         return Response(to_json(data), status_code=status, media_type="application/json",
@@ -78,7 +99,7 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
         return shell("runs", "/api/runs", live=True)
 
     def runs_api(request: Request) -> Response:
-        return json_response(runs_page(store, list_studies(home)))
+        return json_response(runs_page(store, list_studies(home), last_metrics=last_metrics))
 
     def run_html(request: Request) -> Response:
         url = f"/api/runs/{quote(request.path_params['run_id'], safe='')}"
@@ -98,8 +119,13 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
             return json_response({"unchanged": True, "token": token})
         page = cached
         if page is None or page["run"]["status"] == "running":
+            page = cache.recent(run_id)  # a live run's page: rebuilt at a bounded rate
+            if page is not None and str(page["token"]) == request.query_params.get("since"):
+                return json_response({"unchanged": True, "token": page["token"]})
+        if page is None:
+            started = time.perf_counter()
             page = run_page(store, run_id, home)
-            cache.put(run_id, page["token"], page)
+            cache.put(run_id, page["token"], page, time.perf_counter() - started)
         return json_response(page)
 
     def compare_html(request: Request) -> Response:
@@ -119,7 +145,7 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
 
     def study_html(request: Request) -> Response:
         name = request.path_params["name"]
-        return shell(f"study {name}", f"/api/studies/{quote(name, safe='')}", live=False)
+        return shell(f"study {name}", f"/api/studies/{quote(name, safe='')}", live=True)
 
     def study_api(request: Request) -> Response:
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,12 @@ MAX_MARKERS_PER_KIND = 400  # checkpoints of a long run: evenly thinned, first a
 MAX_EVENT_ROWS = 2000
 
 
-def runs_page(store: ReadOnlyStore, studies: list[str], limit: int = 1000) -> dict[str, Any]:
-    """Every run (newest first) with what the runs table shows, and the studies."""
+def runs_page(store: ReadOnlyStore, studies: list[str], limit: int = 1000,
+              last_metrics: Callable[[str], dict[str, float | None]] | None = None
+              ) -> dict[str, Any]:
+    """Every run (newest first) with what the runs table shows, and the studies.
+    ``last_metrics``: where each run's last values come from (the dashboard caches them)."""
+    last_metrics = last_metrics or store.last_metrics
     now = time.time()
     rows = []
     for run in store.list_runs(limit):
@@ -39,7 +44,7 @@ def runs_page(store: ReadOnlyStore, studies: list[str], limit: int = 1000) -> di
         rows.append({k: run[k] for k in ("id", "name", "status", "stop_reason", "started_at",
                                          "step", "epoch", "restarts", "cost_usd")}
                     | {"duration_s": round(ended - run["started_at"], 3) if ended else None,
-                       "metrics": store.last_metrics(run["id"])})
+                       "metrics": last_metrics(run["id"])})
     return {"page": "runs", "runs": rows, "studies": studies}
 
 

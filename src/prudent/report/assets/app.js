@@ -434,7 +434,11 @@
         if (SETTINGS.live && fresh.run.status === 'running') poll(fresh, updateRun, 1000);
       }).catch(failed);
     } else if (data.page === 'compare') comparePage(data);
-    else if (data.page === 'study') studyPage(data);
+    else if (data.page === 'study') {
+      studyPage(data);
+      let last = JSON.stringify(data);  // a running study: redrawn when a trial moves on
+      if (SETTINGS.live) poll(data, (fresh) => { const now = JSON.stringify(fresh); if (now !== last) { last = now; studyPage(fresh); } }, 3000);
+    }
     APP.dataset.page = data.page;
     APP.dataset.openMs = performance.now().toFixed(1);
     APP.dataset.ready = '1';
