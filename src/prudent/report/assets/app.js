@@ -232,17 +232,25 @@
       parts.push(el('p', {cls: 'muted', text: 'no profile yet: the profiler writes its summary when the run ends'}));
     }
     if (data.timeline && data.timeline.length) {
-      const t = data.timeline.map((s) => s.t);
+      const samples = data.timeline.map((s) => {  // each GPU's use as keys of its own
+        const flat = Object.assign({}, s);
+        (s.gpus || []).forEach((g, i) => { flat[`gpu${i}_util_pct`] = g.util_pct; flat[`gpu${i}_mem_used_mb`] = g.mem_used_mb; });
+        return flat;
+      });
+      const t = samples.map((s) => s.t);
       const rate = chartBox({id: 'throughput', cls: 'chart'});
       const system = chartBox({id: 'system', cls: 'chart'});
       parts.push(rate, system);
-      const keys = Object.keys(data.timeline[0]).filter((k) => /(_pct|_mb|util)/.test(k));
+      const keys = [...new Set(samples.flatMap(Object.keys))]
+        .filter((k) => /^(cpu_pct|system_cpu_pct|rss_mb|gpu\d+_(util_pct|mem_used_mb))$/.test(k));
       requestAnimationFrame(() => {
-        plot(rate, ['steps_per_s', 'samples_per_s'].map((k) => ({type: 'scatter', name: k, x: t, y: data.timeline.map((s) => s[k])})),
-          {title: {text: 'throughput', x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'seconds'}}});
-        plot(system, keys.map((k) => ({type: 'scatter', name: k, x: t, y: data.timeline.map((s) => s[k]),
+        plot(rate, ['steps_per_s', 'samples_per_s', 'tokens_per_s'].filter((k) => samples.some((s) => s[k])).map((k) => ({type: 'scatter', name: k, x: t, y: samples.map((s) => s[k]), yaxis: k === 'steps_per_s' ? 'y' : 'y2'})),
+          {title: {text: 'throughput', x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'seconds'}},
+            margin: {l: 55, r: 70, t: 30, b: 40}, yaxis: {title: {text: 'steps/s'}},
+            yaxis2: {overlaying: 'y', side: 'right', title: {text: 'samples or tokens/s'}}});
+        plot(system, keys.map((k) => ({type: 'scatter', name: k, x: t, y: samples.map((s) => s[k]),
           yaxis: /_mb/.test(k) ? 'y2' : 'y'})), {title: {text: 'CPU / GPU / memory', x: 0.01, font: {size: 14}},
-          xaxis: {title: {text: 'seconds'}}, yaxis: {title: {text: '%'}},
+          xaxis: {title: {text: 'seconds'}}, yaxis: {title: {text: '%'}}, margin: {l: 55, r: 70, t: 30, b: 40},
           yaxis2: {overlaying: 'y', side: 'right', title: {text: 'MB'}}});
       });
     }
