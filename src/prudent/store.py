@@ -359,7 +359,9 @@ class Store:
         return int(self._read(lambda conn: conn.execute(stmt).scalar_one()))
 
     def events(self, run_id: str) -> list[dict[str, Any]]:
-        stmt = sa.select(events).where(events.c.run_id == run_id).order_by(events.c.id)
+        """In time order: rows another machine's record brought in come where they happened."""
+        stmt = (sa.select(events).where(events.c.run_id == run_id)
+                .order_by(events.c.wall, events.c.id))
         rows = self._read(lambda conn: conn.execute(stmt).mappings().all())
         return [{"step": r["step"], "kind": r["kind"], "name": r["name"], "message": r["message"],
                  "payload": json.loads(r["payload"] or "{}"), "wall": r["wall"]} for r in rows]

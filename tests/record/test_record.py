@@ -246,6 +246,24 @@ def test_runs_sharing_a_run_id_template_in_checkpoint_url_each_keep_their_own(
         assert record is not None and record.run_id == run_id
 
 
+def test_imported_events_are_listed_in_time_order_with_the_local_ones(tmp_path: Path) -> None:
+    storage = open_storage(str(tmp_path / "bucket"))
+    earlier = Attempt("a1", "host-a", 1, 1000.0, 1010.0, 5, 3600.0, 10.0, 10.0, "completed")
+    rows = [[0, "cost", "price", "a1", json.dumps({"attempt": "a1"}), 1000.0],
+            [5, "checkpoint", "saved", "", "{}", 1009.0]]
+    storage.put(FOLDER, segment_file("a1", 0), _segment("spot1", earlier, rows))
+    store = _store(tmp_path)
+    # this attempt's start reached the store before the import (the writer flushed first)
+    store.add_events([{"run_id": "spot1", "step": 0, "kind": "lifecycle", "name": "start",
+                       "message": "", "payload": "{}", "wall": 2000.0}])
+    record = read_record(storage, "spot1")
+    assert record is not None
+    merge_into(store, "spot1", record, current="b1")
+    walls = [e["wall"] for e in store.events("spot1")]
+    assert walls == sorted(walls) and walls[-1] == 2000.0, walls
+    store.close()
+
+
 def test_a_record_of_another_run_is_refused_and_nothing_merged(tmp_path: Path) -> None:
     storage = open_storage(str(tmp_path / "bucket"))
     storage.put(FOLDER, segment_file("x1", 0), _segment("other", Attempt("x1", "h", 1, 1.0, 2.0)))

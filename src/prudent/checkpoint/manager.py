@@ -56,7 +56,7 @@ class Checkpointer(Component):
     def on_start(self, run: RunContext) -> None:
         run.checkpoints = self  # rollback and early stopping's best weights ask us
         self.read_only = not ranks_from_env().is_main
-        self.storage = open_storage(self.settings.location(run.id, run.run_dir))
+        self.storage = open_storage(self.settings.location(run.id, _default_location(run)))
         self.writer = CheckpointWriter(self.storage, self.settings.keep,
                                        asynchronous=self.settings.mode == "async")
         try:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prudent.units import parse_duration_s, parse_interval
@@ -61,14 +59,10 @@ class CheckpointSettings(BaseModel):
             raise ValueError("must be positive, e.g. '60s', or 'off'")
         return interval
 
-    def location(self, run_id: str, run_dir: Path) -> str:
+    def location(self, run_id: str, default: str) -> str:
         """Where run ``run_id`` keeps its checkpoints and record: ``url`` with ``{run_id}``
-        replaced (one URL for many runs: ``s3://bucket/runs/{run_id}``), else the default."""
-        from prudent.checkpoint.storage import default_location
-
-        if self.url:
-            return self.url.replace("{run_id}", run_id)
-        return default_location(run_id, run_dir)
+        replaced (one URL for many runs: ``s3://bucket/runs/{run_id}``), else ``default``."""
+        return self.url.replace("{run_id}", run_id) if self.url else default
 
     def heartbeat_interval_s(self) -> float | None:
         """Seconds between heartbeats; None when they are off."""

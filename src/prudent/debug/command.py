@@ -126,7 +126,8 @@ def _copy_checkpoint_before(settings: ProjectSettings, home: Path, run_id: str, 
     from prudent.checkpoint.storage import LocalStorage, open_storage, step_of
     from prudent.checkpoint.writer import MANIFEST_FILE, load_latest
 
-    source = open_storage(settings.checkpoint.location(run_id, home / "runs" / run_id))
+    source = open_storage(settings.checkpoint.location(
+        run_id, str(home / "runs" / run_id / "checkpoints")))
     loaded = load_latest(_StepsBefore(source, step))
     if loaded is None or not loaded.payload:
         return None

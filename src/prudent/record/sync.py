@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from prudent.checkpoint.settings import CheckpointSettings
-from prudent.checkpoint.storage import CheckpointStorage, open_storage
+from prudent.checkpoint.storage import CheckpointStorage, default_location, open_storage
 from prudent.errors import ConfigError
 from prudent.events import Component, EventKind
 from prudent.record.attempt import begin_attempt, host_name
@@ -73,7 +73,8 @@ class RecordSync(Component):
             return
         now = time.time()
         self.attempt = Attempt(begin_attempt(run.id), host_name(), os.getpid(), now, now)
-        self.storage = open_storage(self.settings.location(run.id, run.run_dir))
+        self.storage = open_storage(self.settings.location(
+            run.id, default_location(run.id, run.run_dir)))
         started = time.perf_counter()
         storage_keys = self._import(run)
         self.import_s = time.perf_counter() - started
