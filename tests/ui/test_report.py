@@ -12,15 +12,18 @@ from pathlib import Path
 import pytest
 
 from prudent.report.commands import host_warning
-from prudent.report.pages import verdict
+from prudent.report.pages import run_page, runs_page, verdict
+from prudent.report.reader import ReadOnlyStore
 from prudent.report.render import page_html, to_json
 from prudent.store import Store
 from tests.ui.conftest import XSS_NAME, free_port, project_env, prudent
 
 
-def _recorded_run(home: Path, name: str = "digits", steps: int = 500) -> None:
-    """A run as a training process records it: metrics, a rule firing, a checkpoint, the end."""
-    store = Store(f"sqlite:///{home / '.prudent' / 'prudent.db'}")
+def _recorded_run(home: Path | str, name: str = "digits", steps: int = 500) -> None:
+    """A run as a training process records it: metrics, a rule firing, a checkpoint, the end
+    (``home``: a project folder, or a database URL)."""
+    url = home if isinstance(home, str) else f"sqlite:///{home / '.prudent' / 'prudent.db'}"
+    store = Store(url)
     store.create_run("r1", name, config={"lr": 0.1, "note": "</script><b>x</b>"},
                      command="python train.py")
     store.add_metrics([{"run_id": "r1", "step": s, "name": "loss", "value": 1 / s, "wall": s}
@@ -111,3 +114,18 @@ def test_ui_warns_when_it_listens_beyond_this_machine(tmp_path: Path) -> None:
         _, err = server.communicate(timeout=30)
     assert "prudent ui: http://0.0.0.0:" in first and "read-only" in first
     assert "warning: listening on 0.0.0.0" in err and "ssh -L" in err
+
+
+def test_the_pages_from_a_postgresql_store(pg_url: str) -> None:
+    _recorded_run(pg_url)
+    store = ReadOnlyStore(pg_url)
+    try:
+        page = run_page(store, "r1")
+        runs = runs_page(store, [])
+    finally:
+        store.close()
+    (loss,) = page["series"]
+    assert loss["count"] == 500 and loss["steps"][:3] == [1, 2, 3]
+    assert page["run"]["metrics"] == {"loss": 1 / 500}
+    assert [m["kind"] for m in page["markers"]] == ["checkpoint", "rule"]
+    assert [(r["id"], r["status"]) for r in runs["runs"]] == [("r1", "stopped")]
