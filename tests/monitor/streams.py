@@ -94,6 +94,8 @@ SICK: dict[str, tuple[str, Callable[[int, Any], Any]]] = {
     "loss_not_decreasing": ("loss", lambda step, v: 2.3 * random.Random(step).uniform(0.8, 1.2)),
     "divergence": ("loss", lambda step, v: v * (1 + (step - ONSET) / 40)),
     "overfitting": ("val_loss", lambda step, v: 0.9 + (step - ONSET) / 1000),
+    "early_stopping": ("val_loss", lambda step, v: 0.9 + (step - ONSET) / 1000),
+    "loss_spike": ("loss", lambda step, v: v * 5 if step < ONSET + 40 else v),
     "update_ratio": ("layers", lambda step, v: LayerSample(step, v.grad_rms, 1e-9)),
     "dead_activations": ("activations", lambda step, v: ActivationSample(
         step, {"1": 0.95}, {"1": "dead"})),

@@ -57,7 +57,8 @@ def train(run: prudent.Run, epochs: int = 5, poison_at: int | None = None, lr: f
 def rule_events(home: Path, run: prudent.Run) -> list[dict[str, Any]]:
     store = Store(f"sqlite:///{home / 'prudent.db'}")
     try:
-        return [e for e in store.events(run.id) if e["kind"] not in ("lifecycle",)]
+        return [e for e in store.events(run.id) if e["kind"] not in ("lifecycle",)
+                and (e["kind"], e["name"]) != ("monitor", "blind")]
     finally:
         store.close()
 

@@ -26,10 +26,11 @@ def test_every_rule_is_on_by_default_with_the_documented_actions() -> None:
     assert list(rules) == list(RULES)
     actions = {name: rule.settings.action for name, rule in rules.items()}
     assert actions == {
-        "non_finite": ["stop"], "exploding_gradient": ["stop"], "vanishing_gradient": ["alert"],
+        "non_finite": ["stop"], "loss_spike": ["skip", "rollback"],
+        "exploding_gradient": ["stop"], "vanishing_gradient": ["stop"],
         "loss_not_decreasing": ["stop"], "divergence": ["stop"], "overfitting": ["stop"],
-        "update_ratio": ["alert"], "dead_activations": ["alert"], "stalled": ["stop"],
-        "memory_growth": ["alert"]}
+        "early_stopping": ["stop"], "update_ratio": ["stop"], "dead_activations": ["stop"],
+        "stalled": ["stop"], "memory_growth": ["stop"]}
 
 
 def test_yaml_tunes_disables_and_chains_actions(tmp_path: Path) -> None:
@@ -53,7 +54,7 @@ def test_yaml_tunes_disables_and_chains_actions(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "expected"), [
     ("monitor: {rules: {explodng_gradient: {factor: 5}}}",
      ("prudent.yaml: unknown key 'monitor.rules.explodng_gradient'; allowed: non_finite, "
-      "exploding_gradient, vanishing_gradient")),
+      "loss_spike, exploding_gradient, vanishing_gradient")),
     ("monitor: {rules: {divergence: {window: -5}}}",
      ("prudent.yaml: monitor.rules.divergence.window=-5 is invalid: Input should be greater "
       "than or equal to 4")),
@@ -62,7 +63,7 @@ def test_yaml_tunes_disables_and_chains_actions(tmp_path: Path) -> None:
       "a valid number")),
     ("monitor: {rules: {non_finite: {action: halt}}}",
      ("prudent.yaml: monitor.rules.non_finite.action.0='halt' is invalid: Input should be "
-      "'stop', 'reduce_lr', 'alert', 'capture' or 'prune'")),
+      "'stop', 'reduce_lr', 'alert', 'capture', 'prune', 'skip' or 'rollback'")),
     ("monitor: {rules: {stalled: {timeout_s: soon}}}",
      ("monitor.rules.stalled.timeout_s='soon' is invalid: duration 'soon' is invalid: write a "
       "number with a unit")),

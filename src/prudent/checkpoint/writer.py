@@ -1,10 +1,10 @@
 """Saving and loading checkpoints safely.
 
 Saving: the training thread takes a snapshot (tensors copied to host memory, so the next
-optimizer step cannot change what is written); serialising, writing, fsync, commit, a
-read-back checksum check and retention run on a background thread (after a check that every
-floating-point tensor is finite: a snapshot holding NaN/inf is never committed, see ``finite.py``), one save in flight at a
-time (a second save waits for the first: memory stays bounded to one snapshot). In sync mode
+optimizer step cannot change what is written); a finiteness check (a snapshot holding NaN/inf
+is never committed, see ``finite.py``), serialising, writing, fsync, commit, a read-back
+checksum check and retention run on a background thread, one save in flight at a time (a
+second save waits for the first: memory stays bounded to one snapshot). In sync mode
 the same steps run on the caller's thread. Loading: newest first; a checkpoint whose manifest
 is missing, whose checksum differs, or that the deserialiser rejects (the error a truncated
 file gives differs between torch versions, so any exception counts) is skipped for the next

@@ -1,4 +1,4 @@
-"""What a rule firing does: stop, reduce_lr, alert, capture, prune.
+"""What a rule firing does: stop, reduce_lr, alert, capture, prune, rollback, skip.
 
 Whatever the action, every firing is announced the same way first (an event in the run's
 store, a line on stderr, the webhook if one is set); the action is what happens next.
@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from prudent.events import EventKind
 from prudent.monitor.base import Finding
-from prudent.monitor.settings import ActionSettings, ReduceLRSettings
+from prudent.monitor.settings import ActionSettings, ReduceLRSettings, RollbackSettings
 from prudent.stop import StopReason
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
 
 __all__ = ["ACTIONS", "Action", "AlertAction", "CaptureAction", "Firing", "PruneAction",
-           "ReduceLRAction", "StopAction", "build_actions"]
+           "ReduceLRAction", "RollbackAction", "SkipAction", "StopAction", "build_actions",
+           "resume_hint"]
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,16 @@ class StopAction(Action):
     name = "stop"
 
     def apply(self, run: RunContext, firing: Firing) -> str:
-        run.request_stop(StopReason.by_rule(firing.rule, firing.finding.message))
+        run.request_stop(StopReason.by_rule(firing.rule, f"{firing.finding.message}. "
+                                            f"{resume_hint(firing.rule)}"))
         return "stopping the run"
+
+
+def resume_hint(rule: str) -> str:
+    """How to go on anyway: the stop message says it (the run is resumable)."""
+    return (f"To go on with this rule off, resume the run (same PRUDENT_RUN_ID, or `prudent run` "
+            f"again) with `monitor: {{rules: {{{rule}: {{enabled: false}}}}}}` in prudent.yaml "
+            f"(or set its thresholds there)")
 
 
 class PruneAction(Action):
@@ -129,13 +138,112 @@ class ReduceLRAction(Action):
         self.last_step = state.get("last_step")
 
 
+class SkipAction(Action):
+    """Skip the optimizer update of single outlier steps. It acts before each update, not on a
+    firing (the monitor asks the rule, see ``LossSpikeRule.skips``): when its rule fires, the
+    outliers were more than a skip can repair, and the next action in the list runs."""
+
+    name = "skip"
+
+    def apply(self, run: RunContext, firing: Firing) -> str:
+        return "past the skips allowed per window"
+
+
+class RollbackAction(Action):
+    """Put the attached objects back as they were in the newest good checkpoint from before
+    the spike began, skip the next ``skip_batches`` batches, scale the learning rate by
+    ``lr_factor``; after ``max_rollbacks`` rollbacks, stop instead. Training thread only."""
+
+    name = "rollback"
+
+    def __init__(self, settings: RollbackSettings | None = None) -> None:
+        self.settings = settings or RollbackSettings()
+        self.count = 0
+        self.skip_left = 0  # batches still to skip (the monitor's batch wrapper reads it)
+        self.skips_batches = False  # the loop uses run.batches: skipping data is possible
+
+    def apply(self, run: RunContext, firing: Firing) -> str:
+        s, finding = self.settings, firing.finding
+        spike = finding.since if finding.since is not None else finding.step
+        if self.count >= s.max_rollbacks:
+            return self._stop(run, firing, f"{self.count} rollbacks already (max_rollbacks "
+                              f"{s.max_rollbacks})")
+        service = run.checkpoints
+        restored = service.restore(run, before_step=spike) if service is not None else None
+        if restored is None:
+            return self._stop(run, firing, f"no checkpoint from before step {spike} to roll "
+                              "back to" + ("" if service is not None else " (checkpoints off)"))
+        name, step = restored
+        self.count += 1
+        lr = self._scale_lr(run)
+        self.skip_left = s.skip_batches if self.skips_batches else 0
+        skipped = (f"skipping the next {s.skip_batches} batches" if self.skips_batches
+                   else "no batches skipped (the loop draws its own data: run.steps)")
+        message = (f"rollback {self.count} of at most {s.max_rollbacks}: weights and optimizer "
+                   f"back to step {step} ({name}), {firing.detected_at - step} steps before "
+                   f"detection at step {firing.detected_at} (spike began at step {spike}); "
+                   f"{skipped}{lr}")
+        run.record_event(EventKind.MONITOR, "rollback", message, step=firing.detected_at,
+                         rule=firing.rule, checkpoint=name, checkpoint_step=step,
+                         spike_step=spike, skip_batches=self.skip_left, count=self.count)
+        return message
+
+    def _scale_lr(self, run: RunContext) -> str:
+        factor = self.settings.lr_factor
+        if factor == 1.0:
+            return ""
+        optimizers, schedulers = _optimizers_and_schedulers(run.objects)
+        before, after = _scale_lrs(optimizers, factor, 0.0)
+        _scale_schedulers(schedulers, factor, 0.0)
+        return f"; learning rate {before:.3g} -> {after:.3g}"
+
+    def _stop(self, run: RunContext, firing: Firing, why: str) -> str:
+        run.request_stop(StopReason.by_rule(firing.rule, f"{firing.finding.message}; {why}: "
+                                            f"stopping. {resume_hint(firing.rule)}"))
+        return f"{why}: stopping the run"
+
+    def batches(self, iterator: Any) -> Any:
+        """The batches of ``run.batches``, without the ones a rollback skips."""
+        self.skips_batches = True
+        return _SkippingBatches(iterator, self)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "skip_left": self.skip_left}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count = int(state.get("count", 0))
+        self.skip_left = int(state.get("skip_left", 0))
+
+
+class _SkippingBatches:
+    """An epoch's iterator that drops ``action.skip_left`` batches; ``source`` is the loader's
+    own iterator (failure capture reads the sample indices from it)."""
+
+    def __init__(self, iterator: Any, action: RollbackAction) -> None:
+        self.source = getattr(iterator, "source", iterator)
+        self._iterator = iterator
+        self._action = action
+
+    def __iter__(self) -> _SkippingBatches:
+        return self
+
+    def __next__(self) -> Any:
+        action = self._action
+        while action.skip_left:
+            next(self._iterator)
+            action.skip_left -= 1
+        return next(self._iterator)
+
+
 ACTIONS: dict[str, type[Action]] = {cls.name: cls for cls in (
-    StopAction, PruneAction, AlertAction, CaptureAction, ReduceLRAction)}
+    StopAction, PruneAction, AlertAction, CaptureAction, ReduceLRAction, SkipAction,
+    RollbackAction)}
 
 
 def build_actions(settings: ActionSettings) -> dict[str, Action]:
     return {"stop": StopAction(), "prune": PruneAction(), "alert": AlertAction(),
-            "capture": CaptureAction(), "reduce_lr": ReduceLRAction(settings.reduce_lr)}
+            "capture": CaptureAction(), "reduce_lr": ReduceLRAction(settings.reduce_lr),
+            "skip": SkipAction(), "rollback": RollbackAction(settings.rollback)}
 
 
 def _optimizers_and_schedulers(objects: dict[str, Any]) -> tuple[list[Any], list[Any]]:

@@ -20,8 +20,9 @@ __all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "ActionName", "ActivationSample",
            "MemorySample", "Rule", "RuleSettings", "Window", "action_default",
            "finite", "fmt", "warmup_default"]
 
-ActionName = Literal["stop", "reduce_lr", "alert", "capture", "prune"]
-ACTION_NAMES: tuple[str, ...] = ("alert", "capture", "prune", "reduce_lr", "stop")
+ActionName = Literal["stop", "reduce_lr", "alert", "capture", "prune", "skip", "rollback"]
+ACTION_NAMES: tuple[str, ...] = ("alert", "capture", "prune", "reduce_lr", "rollback", "skip",
+                                 "stop")
 
 
 class RuleSettings(BaseModel):
@@ -31,8 +32,9 @@ class RuleSettings(BaseModel):
 
     enabled: bool = Field(True, description="Run this rule.")
     action: list[ActionName] = Field(default_factory=lambda: ["stop"], description="What to do "
-                                     "when it fires: stop, reduce_lr, alert, capture or prune; "
-                                     "one or a list, done in order.")
+                                     "when it fires: stop, reduce_lr, alert, capture, prune, "
+                                     "rollback (loss_spike) or skip (loss_spike); one or a list, "
+                                     "done in order.")
     warmup_steps: int = Field(0, ge=0, description="Steps at the start of the run during which "
                               "the rule does not fire (initialisation transients).")
     cooldown_steps: int = Field(100, ge=0, description="After firing, the rule stays silent for "
@@ -68,6 +70,7 @@ class Finding:
     value: float | None
     threshold: float | None
     message: str
+    since: int | None = None  # the step the condition began, when earlier (a spike's first step)
 
 
 @dataclass(frozen=True)
@@ -98,9 +101,15 @@ class ActivationSample:
 
 @dataclass(frozen=True)
 class MemorySample:
+    """Memory at one step: what this process holds and, for the projection to an
+    out-of-memory error, what is left (host: available memory; device: its total)."""
+
     step: int
     host_bytes: int | None
     device_bytes: int | None
+    wall: float = 0.0  # time.monotonic() when sampled
+    host_available: int | None = None
+    device_total: int | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,8 @@ class Window:
     lr: float | None = None
     peak_lr: float | None = None
     amp: bool = False
+    planned_steps: int | None = None  # run.epochs(n) x the loader's length, or run.steps(n)
+    step_s: float | None = None  # the mean step time lately (seconds)
     _finite: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
                                                     compare=False)
     _measured: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
@@ -210,7 +221,8 @@ class Rule:
       is reported once, by the rule that names it.
     * Noise is not a finding: a rule ignores ``settings.warmup_steps`` and single outliers.
     * After returning a Finding the rule starts over (clears what it accumulated), so with an
-      action that does not stop it fires again only once the condition builds up anew.
+      action that does not stop it fires again only once the condition builds up anew
+      (``loss_spike`` keeps its baseline from before the spike: what a rollback returns to).
     * Its state is plain data listed in ``state_fields`` (numbers, lists, dicts, deques of
       numbers), so ``state_dict()`` survives ``torch.load(weights_only=True)`` and a resumed
       run carries on exactly as the original would have.
@@ -247,6 +259,19 @@ class Rule:
 
     def active_at(self, step: int) -> bool:
         return step > self.settings.warmup_steps
+
+    def fit(self, planned_steps: int) -> str | None:
+        """Size warm-up, windows and patience to a run of ``planned_steps`` (called once the
+        length is known, and again if it changes). Only fields the user did not set are
+        changed. Returns why the rule cannot judge a run this short, or None."""
+        return None
+
+    def sized(self, planned_steps: int, **wanted: Any) -> None:
+        """Replace the settings the user left at their defaults by ``wanted`` (see :meth:`fit`)."""
+        given = getattr(self, "_given", None) or self.settings
+        self._given = given
+        update = {k: v for k, v in wanted.items() if k not in given.model_fields_set}
+        self.settings = given.model_copy(update=update)
 
     def state_dict(self) -> dict[str, Any]:
         return {name: _plain(getattr(self, name)) for name in self.state_fields}

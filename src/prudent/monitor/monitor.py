@@ -4,6 +4,12 @@ On the hot path (``after_backward``, ``step_end``) it only keeps device referenc
 ``check_every_steps`` steps, at each ``run.log`` and at the end, it reads them into a
 :class:`Window` and asks every rule. A rule that fires is announced (event, stderr line,
 webhook) and its actions run. The ``stalled`` rule is judged by a watchdog thread instead.
+
+Three things happen outside that cycle: once the run's planned length is known the rules are
+sized to it (``Rule.fit``; a rule that cannot judge so short a run says so once); with
+``loss_spike``'s ``skip`` action and the loss on the host, each step's loss is judged before
+the optimizer's update (the update of an outlier is skipped); and early stopping's best
+evaluation is kept as a checkpoint, put back when it stops the run.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.errors import StopRun
 from prudent.events import Component, Event, EventKind
-from prudent.monitor.actions import Action, Firing, build_actions
+from prudent.launch import LaunchSpec
+from prudent.monitor.actions import Action, Firing, RollbackAction, build_actions
 from prudent.monitor.base import EvalSample, Finding, Rule, Window
 from prudent.monitor.registry import RULES
 from prudent.monitor.settings import MonitorSettings
@@ -67,6 +74,26 @@ class Monitor(Component):
         self._num_logs = 0
         self._loss_key = self.settings.loss_key
         self._backward_hooked = True  # start-up: norms on every step until a window is measured
+        self._fitted_for: int | None = None  # the planned length the rules were sized to
+        self._said_blind: set[str] = set()
+        self._skipped: list[tuple[Any, Any]] = []  # optimizers whose next step is a no-op
+        self.best_checkpoint: str | None = None  # early stopping's best evaluation
+        spike = self.rules.get("loss_spike")
+        self._skipper = spike if spike is not None and "skip" in spike.settings.action else None
+        self._prune_early_stopping_in_trials()
+
+    def _prune_early_stopping_in_trials(self) -> None:
+        """In a tuning trial, early stopping prunes (exit 5, never resumed) where it would stop."""
+        rule = self.rules.get("early_stopping")
+        if rule is None or "stop" not in rule.settings.action:
+            return
+        try:
+            trial = LaunchSpec.from_env().trial
+        except Exception:  # noqa: BLE001 - a malformed trial spec is the tuner's to report
+            trial = None
+        if trial is not None:
+            rule.settings = rule.settings.model_copy(update={
+                "action": ["prune" if a == "stop" else a for a in rule.settings.action]})
 
     # events -------------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
@@ -77,25 +104,78 @@ class Monitor(Component):
                                                                               "webhook_failed", m))
         if "stalled" in self.rules:
             self._start_watchdog(run)
+        if any("rollback" in rule.settings.action for rule in self.rules.values()):
+            run.wrap_batches(self._rollback().batches)  # a rollback skips batches
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         self.stats.attach(objects)
 
     def on_after_backward(self, run: RunContext, loss: Any) -> None:
         step = run.state.step + 1
+        if self._skipper is not None:
+            self._judge_update(run, step, loss)
         if step >= self.stats.backward_due:  # the hot path: most steps have nothing to measure
             self.stats.after_backward(step)
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         stats = self.stats
+        if self._skipped:
+            self._unskip()  # the loop never called optimizer.step() (a GradScaler's inf)
         if stats.step_end(run.state.step, run.host_scalar(metrics.get(self._loss_key))):
             started = time.perf_counter()
             self.check(run)
             stats.check_took(time.perf_counter() - started)
-        # gradients are measured on some steps only: on the others, after_backward is not called
-        if (run.state.step + 1 >= stats.backward_due) is not self._backward_hooked:
-            self._backward_hooked = not self._backward_hooked
-            run.subscribe(self, Event.AFTER_BACKWARD, self._backward_hooked)
+        # gradients are measured on some steps only: on the others, after_backward is not
+        # called (unless each step's loss is judged before its update)
+        wanted = self._skipper is not None or run.state.step + 1 >= stats.backward_due
+        if wanted is not self._backward_hooked:
+            self._backward_hooked = wanted
+            run.subscribe(self, Event.AFTER_BACKWARD, wanted)
+
+    # skipping an outlier's update -----------------------------------------------------------
+    def _judge_update(self, run: RunContext, step: int, loss: Any) -> None:
+        """Before the optimizer's update: skip it when the step's loss is an outlier."""
+        value = run.host_scalar(loss)
+        if value.__class__ is not float:
+            value = self._device_loss(run, value)
+            if value is None:
+                return
+        if self._skipper.skips(step, value):  # type: ignore[union-attr]
+            self._skip_next_update()
+            run.record_event(EventKind.MONITOR, "skipped_update",
+                             self._skipper.describe_skip(step, value),  # type: ignore[union-attr]
+                             step=step, loss=value, rule="loss_spike")
+
+    def _device_loss(self, run: RunContext, loss: Any) -> float | None:
+        """A loss on a device: read it only if the user accepts a wait per step."""
+        spike = self._skipper
+        if spike is not None and spike.settings.skip_sync and hasattr(loss, "item"):  # type: ignore[attr-defined]
+            return float(loss.item())
+        self._skipper = None
+        self._say_blind(run, "loss_spike", "loss_spike does not skip outlier updates here: the "
+                        "loss is on a device and reading it before each update would make every "
+                        "step wait (set monitor.rules.loss_spike.skip_sync: true to allow it); "
+                        "spikes are still judged at each check, for rollback")
+        return None
+
+    def _skip_next_update(self) -> None:
+        """Make each attached optimizer's next ``step()`` a no-op (an instance attribute over
+        the method or an LR scheduler's wrapper of it, put back when it is called)."""
+        for optimizer in self.stats.optimizers:
+            previous = optimizer.__dict__.get("step")
+
+            def skipped(*args: Any, _opt: Any = optimizer, _prev: Any = previous,
+                        **kwargs: Any) -> None:
+                _put_back(_opt, _prev)
+
+            optimizer.step = skipped
+            self._skipped.append((optimizer, previous))
+
+    def _unskip(self) -> None:
+        for optimizer, previous in self._skipped:
+            if getattr(optimizer.__dict__.get("step"), "__name__", "") == "skipped":
+                _put_back(optimizer, previous)
+        self._skipped = []
 
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self._num_logs += 1  # progress, for the watchdog
@@ -111,13 +191,20 @@ class Monitor(Component):
             self.check(run)  # the last steps' findings are recorded, even if nothing can act
         except Exception as exc:  # noqa: BLE001 - the run must still close its record
             run.record_event(EventKind.MONITOR, "error", f"the final check failed: {exc!r}")
+        if self._skipped:
+            self._unskip()
+        for name, rule in self.rules.items():
+            reason = getattr(rule, "blind_reason", lambda: None)()
+            if reason and self._num_logs:
+                self._say_blind(run, name, reason)
         if self._webhook is not None:
             self._webhook.close()
 
     def state_dict(self) -> dict[str, Any]:
         return {"rules": {name: rule.state_dict() for name, rule in self.rules.items()},
                 "actions": {name: a.state_dict() for name, a in self.actions.items()},
-                "muted_until": dict(self._muted_until), "peak_lr": self.stats.peak_lr}
+                "muted_until": dict(self._muted_until), "peak_lr": self.stats.peak_lr,
+                "best_checkpoint": self.best_checkpoint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, rule_state in state.get("rules", {}).items():
@@ -128,19 +215,72 @@ class Monitor(Component):
                 self.actions[name].load_state_dict(action_state)
         self._muted_until = dict(state.get("muted_until", {}))
         self.stats.peak_lr = state.get("peak_lr")
+        self.best_checkpoint = state.get("best_checkpoint")
 
     # judging ------------------------------------------------------------------------------
     def check(self, run: RunContext, logged: dict[str, float] | None = None) -> list[Firing]:
         """Run every rule on the statistics gathered since the last check; act on findings."""
         window = self.stats.take_window()
+        planned = _planned_steps(run)
+        if planned is not None and planned != self._fitted_for and self.settings.size_to_run:
+            self._fit(run, planned)
+        window.planned_steps, window.step_s = planned, self.stats.last_step_s
         self._count_train_loss(window)
         if logged is not None:
             window.evals.append(EvalSample(run.state.step, dict(logged), self._mean_train_loss()))
         firings = [Firing(name, finding, run.state.step)
                    for name, finding in self._findings(run, window)]
+        self._keep_best(run)
         for firing in sorted(firings, key=lambda f: f.finding.step):
             self.fire(run, firing)
         return firings
+
+    def _fit(self, run: RunContext, planned: int) -> None:
+        """Size the rules (and the sampling) to a run of ``planned`` steps."""
+        self._fitted_for = planned
+        if "sample_every_steps" not in self.settings.model_fields_set:
+            # layers sampled every ~2.5% of the run, never more often than every 50 steps
+            self.stats.fit(planned, max(50, min(self.settings.sample_every_steps, planned // 40)))
+        else:
+            self.stats.fit(planned)
+        for name, rule in self.rules.items():
+            reason = rule.fit(planned)
+            if reason:
+                self._say_blind(run, name, reason)
+
+    def _say_blind(self, run: RunContext, rule: str, reason: str) -> None:
+        """Once per rule and run: it cannot judge (the run is too short, a metric is missing)."""
+        if rule not in self._said_blind:
+            self._said_blind.add(rule)
+            run.record_event(EventKind.MONITOR, "blind", reason, rule=rule)
+
+    # early stopping's best weights ----------------------------------------------------------
+    def _keep_best(self, run: RunContext) -> None:
+        rule = self.rules.get("early_stopping")
+        if rule is None or not getattr(rule, "improved", False) or run.checkpoints is None:
+            return
+        rule.improved = False  # type: ignore[attr-defined]  # kept once per new best
+        if rule.settings.restore_best:  # type: ignore[attr-defined]
+            self.best_checkpoint = run.checkpoints.keep(run, "best")
+
+    def _restore_best(self, run: RunContext, firing: Firing) -> str:
+        if firing.rule != "early_stopping" or run.pending_stop is None:
+            return ""
+        rule = self.rules["early_stopping"]
+        if not rule.settings.restore_best:  # type: ignore[attr-defined]
+            return ""
+        if self.best_checkpoint is None or run.checkpoints is None:
+            return "; restore_best: no checkpoint of the best evaluation (checkpoints off?)"
+        restored = run.checkpoints.restore(run, name=self.best_checkpoint)
+        if restored is None:
+            return f"; restore_best: {self.best_checkpoint} could not be read"
+        run.record_event(EventKind.MONITOR, "best_restored", f"early stopping: the weights of "
+                         f"the best evaluation (step {restored[1]}, {restored[0]}) are put back",
+                         checkpoint=restored[0], checkpoint_step=restored[1])
+        return f"; best weights (step {restored[1]}) restored"
+
+    def _rollback(self) -> RollbackAction:
+        return self.actions["rollback"]  # type: ignore[return-value]
 
     def _findings(self, run: RunContext, window: Window) -> list[tuple[str, Finding]]:
         found = []
@@ -167,6 +307,7 @@ class Monitor(Component):
         self._muted_until[firing.rule] = firing.detected_at + rule.settings.cooldown_steps
         names = list(rule.settings.action)
         outcome = "; ".join(self.actions[a].apply(run, firing) for a in names)
+        outcome += self._restore_best(run, firing)
         self.firings.append(firing)
         self._announce(run, firing, names, outcome)
 
@@ -264,6 +405,23 @@ class Monitor(Component):
         if self._wake_installed and threading.current_thread() is threading.main_thread():
             signal.signal(_WAKE_SIGNAL, self._previous_handler)  # type: ignore[arg-type]
             self._wake_installed = False
+
+
+def _planned_steps(run: RunContext) -> int | None:
+    """The run's planned length: run.steps(n), or run.epochs(n) x the loader's length."""
+    state = run.state
+    if state.num_steps:
+        return state.num_steps
+    if state.num_epochs and state.batches_per_epoch:
+        return state.num_epochs * state.batches_per_epoch
+    return None
+
+
+def _put_back(optimizer: Any, previous: Any) -> None:
+    if previous is None:
+        optimizer.__dict__.pop("step", None)
+    else:
+        optimizer.step = previous
 
 
 def _number(value: float | None) -> float | str | None:

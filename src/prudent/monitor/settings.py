@@ -37,7 +37,7 @@ from prudent.monitor.registry import RULES, import_plugins
 from prudent.monitor.rules import BUILTIN_RULES
 
 __all__ = ["ActionSettings", "AlertSettings", "MonitorSettings", "ReduceLRSettings",
-           "RulesSettings"]
+           "RollbackSettings", "RulesSettings"]
 
 
 class ReduceLRSettings(BaseModel):
@@ -50,6 +50,21 @@ class ReduceLRSettings(BaseModel):
     cooldown_steps: int = Field(200, ge=0, description="Steps after a reduction during which "
                                 "another request is ignored, so two rules do not compound.")
     min_lr: float = Field(1e-7, ge=0, description="Never go below this learning rate.")
+
+
+class RollbackSettings(BaseModel):
+    """``monitor.actions.rollback``: what a rollback does after a loss spike (PaLM, section 5.1:
+    restart ~100 steps before the spike and skip 200-500 batches)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    skip_batches: int = Field(100, ge=0, description="Batches of run.batches(...) skipped after "
+                              "the weights are put back (the data between the checkpoint and the "
+                              "spike is never seen again either: the data is not rewound).")
+    lr_factor: float = Field(1.0, gt=0, le=1, description="Multiply the learning rate by this "
+                             "after each rollback (OPT-175B restarted with a lower one; 1: keep).")
+    max_rollbacks: int = Field(3, ge=0, description="After this many rollbacks in a run, the "
+                               "next spike stops it (with a checkpoint).")
 
 
 class AlertSettings(BaseModel):
@@ -82,6 +97,8 @@ class ActionSettings(BaseModel):
                                         description="How reduce_lr lowers the learning rate.")
     alert: AlertSettings = Field(default_factory=AlertSettings,
                                  description="Where firings are announced.")
+    rollback: RollbackSettings = Field(default_factory=RollbackSettings,
+                                       description="How a rollback repairs a loss spike.")
 
 
 def _builtin_fields() -> dict[str, Any]:
@@ -114,6 +131,14 @@ class MonitorSettings(BaseModel):
     sample_every_steps: int = Field(100, ge=1, description="Per-layer gradient norms, update "
                                     "ratios, activation statistics and memory, every this many "
                                     "steps.")
+    memory_every_s: float = Field(30.0, gt=0, description="Memory is also sampled at the "
+                                  "first check this long after the previous sample (slow "
+                                  "steps), besides every ~1% of the planned run.")
+    size_to_run: bool = Field(True, description="Once the run's planned length is known "
+                              "(run.epochs(n) x the loader's length, or run.steps(n)), size the "
+                              "rules' warm-ups, windows and sampling so a verdict is possible "
+                              "within about a tenth of the run; settings you set yourself are "
+                              "kept.")
     grad_norm_every_steps: int | Literal["auto"] = Field(
         "auto", description="Global gradient norm every this many steps; auto: every step "
         "unless that costs more than overhead_budget of the step time, then as often as the "

@@ -62,6 +62,10 @@ class StepStats:
         self.check_every = settings.check_every_steps  # stretched when checks are dear
         self.sample_every = settings.sample_every_steps
         self._next_sample = self.sample_every
+        self.memory_every = self.sample_every  # memory is cheap: sampled more often on short runs
+        self._next_memory = self.memory_every
+        self.memory_every_s = settings.memory_every_s
+        self._last_memory = -math.inf  # clock() of the newest memory sample
         self.auto_stride = settings.grad_norm_every_steps == "auto"
         self.norm_every = 1 if self.auto_stride else int(settings.grad_norm_every_steps)
         self._next_norm = self.norm_every
@@ -83,6 +87,7 @@ class StepStats:
         self._last_norm = 0.0
         self._loss_jump_at = math.inf  # set from each window's losses
         self._step_s: float | None = None  # the last window's mean step time
+        self.last_step_s: float | None = None
         self._layout_cache: _Layout | None = None
 
     def _clear(self) -> None:
@@ -188,14 +193,35 @@ class StepStats:
         their sample needs."""
         if step >= self._next_sample:
             self._finish_layers(step)
-            self._memory.append(_memory_sample(step))
             self._next_sample = step + self.sample_every
             self.backward_due = min(self._next_sample, self._next_norm)
+        if step >= self._next_memory:
+            self._sample_memory(step)
         if self.activations.armed:
             self.activations.step_done()
         elif step + 1 == self._next_sample:
             self.activations.arm(step + 1)  # hooks for the next step's forward pass only
-        self._step_end_due = step + 1 if self.activations.armed else self._next_sample - 1
+        self._step_end_due = min(step + 1 if self.activations.armed else self._next_sample - 1,
+                                 self._next_memory)
+
+    def _sample_memory(self, step: int) -> None:
+        self._memory.append(_memory_sample(step))
+        self._last_memory = self.clock()
+        self._next_memory = step + self.memory_every
+
+    def fit(self, planned_steps: int, sample_every: int | None = None) -> None:
+        """Sample memory about every 1% of a run of ``planned_steps`` (at least every 5 steps
+        apart, at most every ``sample_every_steps``), and layers every ``sample_every`` steps."""
+        if sample_every is not None and sample_every != self.sample_every:
+            self.sample_every = sample_every
+            self._next_sample = min(self._next_sample, self._steps_done() + sample_every)
+            self.backward_due = min(self._next_sample, self._next_norm)
+        self.memory_every = max(5, min(self.sample_every, planned_steps // 100))
+        self._next_memory = min(self._next_memory, self._steps_done() + self.memory_every)
+        self._step_end_due = min(self._step_end_due, self._next_sample - 1, self._next_memory)
+
+    def _steps_done(self) -> int:
+        return self._steps[-1] if self._steps else self._next_memory - self.memory_every
 
     # device-side statistics ----------------------------------------------------------------
     def _tensor_norms(self) -> tuple[Any, Any]:
@@ -273,6 +299,8 @@ class StepStats:
         host = iter(_to_host(tensors))
         loss = [_single(next(host)) if isinstance(v, torch.Tensor) else v
                 for v in losses] if self._device_losses else losses
+        if steps and self.clock() - self._last_memory >= self.memory_every_s:
+            self._sample_memory(steps[-1])  # slow steps: memory by time as well as by steps
         window = Window(steps=steps, loss=loss, memory=self._memory, amp=self.scaler is not None)
         if norms:
             for step, (_, scale) in on_device:
@@ -324,6 +352,10 @@ class StepStats:
         costs, self._norm_costs = self._norm_costs, []
         if num_steps:
             self._step_s = elapsed / num_steps
+            window_step_s = self._step_s
+        else:
+            window_step_s = None
+        self.last_step_s = window_step_s or self.last_step_s
         if not self.auto_stride or not costs or not num_steps:
             return
         cost = sorted(costs)[len(costs) // 2]  # one preempted measurement does not count
@@ -475,10 +507,50 @@ class _ResidentMemory:
 _resident_bytes = _ResidentMemory()
 
 
+class _AvailableMemory:
+    """The host memory left for this process (``MemAvailable``, or a cgroup's limit minus its
+    usage when that is tighter), read at most every few seconds: it only feeds a projection."""
+
+    EVERY_S = 5.0
+
+    def __init__(self) -> None:
+        self._value: int | None = None
+        self._read_at = -math.inf
+
+    def __call__(self) -> int | None:
+        now = time.monotonic()
+        if now - self._read_at >= self.EVERY_S:
+            self._read_at = now
+            self._value = _read_available()
+        return self._value
+
+
+def _read_available() -> int | None:
+    try:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    except Exception:  # noqa: BLE001 - a projection without it is still a finding
+        return None
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()  # noqa: SIM115
+        used = int(open("/sys/fs/cgroup/memory.current").read())  # noqa: SIM115
+        if limit != "max":
+            available = min(available, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+_available_bytes = _AvailableMemory()
+
+
 def _memory_sample(step: int) -> MemorySample:
     import torch
 
-    device = None
+    device = total = None
     if torch.cuda.is_initialized():  # not available -> not initialised; and the cheaper test
         device = int(torch.cuda.memory_allocated())
-    return MemorySample(step, _resident_bytes(), device)
+        total = int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
+    return MemorySample(step, _resident_bytes(), device, time.monotonic(), _available_bytes(),
+                        total)

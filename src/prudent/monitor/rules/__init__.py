@@ -4,7 +4,9 @@ rules are asked and ties between findings of the same step are reported).
 ::
 
     numeric.py    non_finite, exploding_gradient, vanishing_gradient
+    spikes.py     loss_spike
     progress.py   loss_not_decreasing, divergence, overfitting
+    validation.py early_stopping
     internals.py  update_ratio, dead_activations
     system.py     memory_growth, stalled (the clock side lives in ``watchdog.py``)
 """
@@ -23,15 +25,18 @@ from prudent.monitor.rules.progress import (
     LossNotDecreasingRule,
     OverfittingRule,
 )
+from prudent.monitor.rules.spikes import LossSpikeRule
 from prudent.monitor.rules.system import MemoryGrowthRule, StalledRule
+from prudent.monitor.rules.validation import EarlyStoppingRule
 
-__all__ = ["BUILTIN_RULES", "DeadActivationsRule", "DivergenceRule", "ExplodingGradientRule",
-           "LossNotDecreasingRule", "MemoryGrowthRule", "NonFiniteRule", "OverfittingRule",
-           "StalledRule", "UpdateRatioRule", "VanishingGradientRule"]
+__all__ = ["BUILTIN_RULES", "DeadActivationsRule", "DivergenceRule", "EarlyStoppingRule",
+           "ExplodingGradientRule", "LossNotDecreasingRule", "LossSpikeRule", "MemoryGrowthRule",
+           "NonFiniteRule", "OverfittingRule", "StalledRule", "UpdateRatioRule",
+           "VanishingGradientRule"]
 
-BUILTIN_RULES = (NonFiniteRule, ExplodingGradientRule, VanishingGradientRule,
-                 LossNotDecreasingRule, DivergenceRule, OverfittingRule, UpdateRatioRule,
-                 DeadActivationsRule, StalledRule, MemoryGrowthRule)
+BUILTIN_RULES = (NonFiniteRule, LossSpikeRule, ExplodingGradientRule, VanishingGradientRule,
+                 LossNotDecreasingRule, DivergenceRule, OverfittingRule, EarlyStoppingRule,
+                 UpdateRatioRule, DeadActivationsRule, StalledRule, MemoryGrowthRule)
 
 for _rule in BUILTIN_RULES:
     register_rule(_rule)

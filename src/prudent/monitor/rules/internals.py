@@ -23,7 +23,7 @@ __all__ = ["DeadActivationsRule", "UpdateRatioRule"]
 
 
 class UpdateRatioSettings(RuleSettings):
-    action: list[ActionName] = action_default("alert")
+    action: list[ActionName] = action_default("stop")
     warmup_steps: int = warmup_default(100)
     min_ratio: float = Field(1e-6, gt=0, description="Fire when ||update|| / ||weights|| stays "
                              "below this (updates too small to learn: a learning rate typo); "
@@ -53,12 +53,35 @@ class UpdateRatioRule(Rule):
         self.low = 0
         self.high = 0
 
+    def fit(self, planned_steps: int) -> str | None:
+        self.sized(planned_steps, warmup_steps=min(100, planned_steps // 10))
+        return None
+
     def check(self, window: Window) -> Finding | None:
         tail = window.in_schedule_tail(self.settings.min_lr_fraction)
-        return self.first_finding(window.layers, lambda sample: self._judge(sample, tail))
+        zeroed = self._lr_zeroed(window)
+        if zeroed:
+            tail = False  # a learning rate of 0 well before the end is no schedule's tail
+        return self.first_finding(window.layers, lambda sample: self._judge(sample, tail, zeroed))
 
-    def _judge(self, sample: LayerSample, tail: bool) -> Finding | None:
+    @staticmethod
+    def _lr_zeroed(window: Window) -> bool:
+        """The learning rate is exactly 0 after it was not, with more than a tenth of the
+        planned run to go (a schedule that ends at 0 does so in its last steps)."""
+        if window.lr != 0 or not window.peak_lr or not window.steps:
+            return False
+        return window.planned_steps is None or window.steps[-1] < 0.9 * window.planned_steps
+
+    def _judge(self, sample: LayerSample, tail: bool, zeroed: bool = False) -> Finding | None:
         ratio, s = sample.update_ratio, self.settings
+        if zeroed and ratio == 0 and self.active_at(sample.step):
+            self.low += 1
+            if self.low >= s.patience:
+                return Finding(sample.step, 0.0, s.min_ratio, (
+                    f"updates stopped: the learning rate is 0 at step {sample.step} and the "
+                    f"weights did not move for {self.low} samples in a row, with more than a "
+                    "tenth of the planned run to go: does the schedule zero it by mistake?"))
+            return None
         if not finite(ratio) or ratio == 0 or not self.active_at(sample.step):
             return None
         self.high = self.high + 1 if ratio > s.max_ratio else 0  # type: ignore[operator]
@@ -78,7 +101,7 @@ class UpdateRatioRule(Rule):
 
 
 class DeadActivationsSettings(RuleSettings):
-    action: list[ActionName] = action_default("alert")
+    action: list[ActionName] = action_default("stop")
     max_fraction: float = Field(0.7, gt=0, le=1, description="Fire when more than this fraction "
                                 "of a layer's units never fired (ReLU) or stayed saturated "
                                 "(sigmoid, tanh) over a sampled batch (SageMaker's DeadRelu: "

@@ -111,6 +111,10 @@ class ExplodingGradientRule(Rule):
         self.above = 0
         self._ordered: list[float] = []  # history, sorted: a median without sorting each check
 
+    def fit(self, planned_steps: int) -> str | None:
+        self.sized(planned_steps, warmup_steps=min(50, planned_steps // 20))
+        return None
+
     def check(self, window: Window) -> Finding | None:
         # the baseline is fixed per window: one median per check, not one per step
         baseline = _median(self._ordered) if len(self._ordered) >= 5 else None
@@ -163,7 +167,7 @@ def _median(ordered: list[float]) -> float:
 
 
 class VanishingGradientSettings(RuleSettings):
-    action: list[ActionName] = action_default("alert")
+    action: list[ActionName] = action_default("stop")
     min_rms: float = Field(1e-7, gt=0, description="Fire when a weight's gradient RMS is below "
                            "this (SageMaker's VanishingGradient threshold)...")
     min_ratio: float = Field(1e-4, gt=0, lt=1, description="...or below this fraction of the "

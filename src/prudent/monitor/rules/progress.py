@@ -31,6 +31,10 @@ class LossNotDecreasingSettings(RuleSettings):
     min_improvement: float = Field(0.01, ge=0, lt=1, description="Relative improvement over the "
                                    "best block mean that counts as progress (0.01 = 1%).")
     min_lr_fraction: float = Field(0.2, ge=0, le=1, description=LR_FRACTION_HELP)
+    new_level: float = Field(0.1, gt=0, description="A block mean this fraction above the best "
+                             "starts a new level (new data at an epoch boundary, a restarted "
+                             "schedule): progress is then judged from there (a loss that climbs "
+                             "for good is divergence's business).")
 
 
 class LossNotDecreasingRule(Rule):
@@ -51,6 +55,21 @@ class LossNotDecreasingRule(Rule):
         self.best: float | None = None
         self.best_step = 0
         self.waited = 0
+
+    def fit(self, planned_steps: int) -> str | None:
+        patience = self.settings.patience
+        warmup = min(100, planned_steps // 50)
+        # the verdict early in the run, but blocks of at least 100 steps: the mean of
+        # fewer mini-batch losses is too noisy to compare at 1% (and a plateau is no verdict)
+        window = max(100, min(200, (planned_steps // 10 - warmup) // (patience + 1)))
+        self.sized(planned_steps, warmup_steps=warmup, window=window)
+        s = self.settings
+        needed = s.warmup_steps + (s.patience + 1) * s.window
+        if needed > planned_steps:
+            return (f"loss_not_decreasing cannot judge this run: it needs {needed} steps "
+                    f"(warm-up {s.warmup_steps} + {s.patience + 1} blocks of {s.window}) and the "
+                    f"run plans {planned_steps}")
+        return None
 
     def check(self, window: Window) -> Finding | None:
         tail = window.in_schedule_tail(self.settings.min_lr_fraction)
@@ -75,7 +94,8 @@ class LossNotDecreasingRule(Rule):
         s = self.settings
         mean = self.block_sum / self.block_count
         self.block_sum, self.block_count = 0.0, 0
-        if self.best is None or mean < self.best - s.min_improvement * abs(self.best):
+        if (self.best is None or mean < self.best - s.min_improvement * abs(self.best)
+                or mean > self.best + s.new_level * abs(self.best)):
             self.best, self.best_step, self.waited = mean, step, 0
             return None
         self.waited = 0 if tail else self.waited + 1
@@ -116,6 +136,10 @@ class DivergenceRule(Rule):
         self.start: float | None = None
         self.best: float | None = None
         self.best_step = 0
+
+    def fit(self, planned_steps: int) -> str | None:
+        self.sized(planned_steps, warmup_steps=min(100, planned_steps // 20))
+        return None
 
     def check(self, window: Window) -> Finding | None:
         finite_losses = window.finite_losses()

@@ -25,21 +25,32 @@ _MB = 1 << 20
 
 
 class MemoryGrowthSettings(RuleSettings):
-    action: list[ActionName] = action_default("alert")
+    action: list[ActionName] = action_default("stop")
     warmup_steps: int = warmup_default(100)
     window: int = Field(10, ge=3, description="Memory samples compared (one every "
-                        "monitor.sample_every_steps, so 1000 steps by default).")
+                        "monitor.sample_every_steps, more often on a short run, and at least "
+                        "every monitor.memory_every_s).")
     min_growth_mb: float = Field(64.0, gt=0, description="Fire when host RSS or device memory "
                                  "grew by at least this many MB across the window...")
     steady_fraction: float = Field(0.8, gt=0, le=1, description="...and rose between at least "
                                    "this fraction of consecutive samples (a leak climbs; a cache "
                                    "that fills once does not).")
+    horizon_s: float = Field(1800.0, gt=0, description="Also fire, whatever the growth so far, "
+                             "when the steady growth would exhaust the memory left (host: "
+                             "available memory; device: its total) within this long "
+                             "(\"30min\", \"2h\" or seconds).")
+
+    @field_validator("horizon_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration_s(value)
 
 
 class MemoryGrowthRule(Rule):
     """Host RSS or device memory climbs steadily from step to step: tensors kept alive (a loss
     appended with its graph, a growing list of outputs) end in an out-of-memory crash hours
-    later. SageMaker's GPUMemoryIncrease compares two moving averages of GPU memory only."""
+    later. The message projects when, from the measured slope and the memory left.
+    SageMaker's GPUMemoryIncrease compares two moving averages of GPU memory only."""
 
     name = "memory_growth"
     needs = frozenset({"memory"})
@@ -49,8 +60,16 @@ class MemoryGrowthRule(Rule):
 
     def __init__(self, settings: MemoryGrowthSettings | None = None) -> None:
         super().__init__(settings)
-        self.host: deque[list[int]] = deque(maxlen=self.settings.window)
-        self.device: deque[list[int]] = deque(maxlen=self.settings.window)
+        self.host: deque[list[float]] = deque(maxlen=self.settings.window)
+        self.device: deque[list[float]] = deque(maxlen=self.settings.window)
+
+    def fit(self, planned_steps: int) -> str | None:
+        # samples every ~1% of the run (StepStats.fit): 20 of them span a fifth of it
+        self.sized(planned_steps, warmup_steps=min(100, planned_steps // 10),
+                   window=20 if planned_steps < 10_000 else 10)
+        for name in ("host", "device"):
+            setattr(self, name, deque(getattr(self, name), maxlen=self.settings.window))
+        return None
 
     def check(self, window: Window) -> Finding | None:
         return self.first_finding(window.memory, self._judge)
@@ -58,31 +77,62 @@ class MemoryGrowthRule(Rule):
     def _judge(self, sample: MemorySample) -> Finding | None:
         if not self.active_at(sample.step):
             return None
-        for label, series, value in (("host memory (RSS)", self.host, sample.host_bytes),
-                                     ("device memory", self.device, sample.device_bytes)):
+        for label, series, value, left in (
+                ("host memory (RSS)", self.host, sample.host_bytes, sample.host_available),
+                ("device memory", self.device, sample.device_bytes,
+                 None if sample.device_total is None or sample.device_bytes is None
+                 else sample.device_total - sample.device_bytes)):
             if value is None:
                 continue
-            series.append([sample.step, int(value)])
-            finding = self._growth(label, series)
+            series.append([sample.step, int(value), sample.wall])
+            finding = self._growth(label, series, left)
             if finding is not None:
                 return finding
         return None
 
-    def _growth(self, label: str, series: deque[list[int]]) -> Finding | None:
+    def _growth(self, label: str, series: deque[list[float]], left: int | None) -> Finding | None:
         s = self.settings
-        if len(series) < s.window:
+        if len(series) < 3:
             return None
-        (first_step, first), (last_step, last) = series[0], series[-1]
         rises = sum(b[1] > a[1] for a, b in zip(series, list(series)[1:]))
         steady = rises / (len(series) - 1)
-        if last - first < s.min_growth_mb * _MB or steady < s.steady_fraction:
+        (first_step, first, _), (last_step, last, _) = series[0], series[-1]
+        grown = last - first
+        if steady < s.steady_fraction or grown <= 0:
             return None
-        per_step = (last - first) / max(1, last_step - first_step)
-        return Finding(last_step, last / _MB, first / _MB + s.min_growth_mb, (
-            f"{label} grew by {(last - first) / _MB:.0f} MB between step {first_step} and "
-            f"step {last_step} ({per_step / 1024:.0f} kB per step, rising in {steady:.0%} of samples; "
-            f"now {last / _MB:.0f} MB): tensors kept alive across steps? (threshold "
-            f"{s.min_growth_mb:g} MB)"))
+        per_s = _slope_per_s(series)
+        to_oom = left / per_s if left is not None and per_s > 0 else None
+        soon = (to_oom is not None and to_oom <= s.horizon_s and grown >= 8 * _MB
+                and len(series) >= max(3, s.window // 2))
+        if not soon and (len(series) < s.window or grown < s.min_growth_mb * _MB):
+            return None
+        per_step = grown / max(1, last_step - first_step)
+        return Finding(int(last_step), last / _MB, first / _MB + s.min_growth_mb, (
+            f"{label} grew by {grown / _MB:.0f} MB between step {first_step:.0f} and step "
+            f"{last_step:.0f} ({per_step / 1024:.0f} kB per step, rising in {steady:.0%} of "
+            f"samples; now {last / _MB:.0f} MB): {_projection(to_oom, left, per_s, s.horizon_s)}; "
+            f"tensors kept alive across steps? (threshold {s.min_growth_mb:g} MB)"))
+
+
+def _slope_per_s(series: deque[list[float]]) -> float:
+    """Least-squares growth in bytes per second over the samples."""
+    times = [p[2] for p in series]
+    values = [p[1] for p in series]
+    mean_t, mean_v = sum(times) / len(times), sum(values) / len(values)
+    spread = sum((t - mean_t) ** 2 for t in times)
+    if spread <= 0:
+        return 0.0
+    return sum((t - mean_t) * (v - mean_v) for t, v in zip(times, values)) / spread
+
+
+def _projection(to_oom: float | None, left: int | None, per_s: float, horizon_s: float) -> str:
+    rate = f"{per_s / _MB:.3g} MB/s"
+    if to_oom is None:
+        return f"at {rate} (memory left unknown: no projection)"
+    when = f"{to_oom / 60:.3g} min" if to_oom < 7200 else f"{to_oom / 3600:.3g} h"
+    verdict = "within" if to_oom <= horizon_s else "beyond"
+    return (f"at {rate} the {left / 2**30:.3g} GB left run out in about {when} "  # type: ignore[operator]
+            f"({verdict} the {horizon_s / 60:g} min horizon)")
 
 
 class StalledSettings(RuleSettings):

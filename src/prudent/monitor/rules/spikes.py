@@ -1,0 +1,155 @@
+"""Loss spikes: one outlier step is skipped, a spike that lasts is rolled back.
+
+What large-model teams do by hand, with their numbers as defaults: OLMo-core's
+``SkipStepOptimizer`` skips an update whose loss is a > 6 sigma outlier over a 128-step
+window; llm-foundry's ``KillLossSpike`` calls a spike a loss >= 2x its moving mean for 5
+steps in a row; PaLM restarted from a checkpoint ~100 steps before a spike and skipped
+200-500 batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+from pydantic import Field
+
+from prudent.monitor.base import (
+    ActionName,
+    Finding,
+    Rule,
+    RuleSettings,
+    Window,
+    action_default,
+    fmt,
+    warmup_default,
+)
+
+__all__ = ["LossSpikeRule"]
+
+
+class LossSpikeSettings(RuleSettings):
+    action: list[ActionName] = action_default("skip", "rollback")
+    warmup_steps: int = warmup_default(100)
+    cooldown_steps: int = Field(0, ge=0, description="After firing, the rule stays silent for "
+                                "this many steps (matters for actions that do not stop).")
+    window: int = Field(128, ge=16, description="Finite losses in the moving mean and standard "
+                        "deviation (OLMo-core: 128 steps).")
+    sigmas: float = Field(6.0, gt=0, description="With action skip: a step whose loss is more "
+                          "than this many standard deviations above the moving mean has its "
+                          "optimizer update skipped (OLMo-core: 6).")
+    max_skips: int = Field(4, ge=1, description="At most this many skipped updates per window; "
+                           "past that, the outliers are a spike that lasts, not a bad batch.")
+    factor: float = Field(2.0, gt=1, description="A spike: the loss is at least this multiple "
+                          "of its moving mean (llm-foundry: 2)...")
+    patience: int = Field(5, ge=1, description="...for this many steps in a row (llm-foundry: "
+                          "5), skipped steps included. Then the action runs (rollback).")
+    skip_sync: bool = Field(False, description="With the loss on a GPU, judging each step before "
+                            "its update means waiting for the loss every step: off by default "
+                            "(the spike is still judged every check, for rollback).")
+
+
+class LossSpikeRule(Rule):
+    """The training loss jumped far above its moving mean and stayed there (``factor`` x for
+    ``patience`` steps). Single outlier steps are the ``skip`` action's business: the monitor
+    asks :meth:`skips` before each optimizer update."""
+
+    name = "loss_spike"
+    needs = frozenset({"steps"})
+    Settings = LossSpikeSettings
+    settings: LossSpikeSettings
+    state_fields = ("recent", "streak", "streak_start", "skipped")
+
+    def __init__(self, settings: LossSpikeSettings | None = None) -> None:
+        super().__init__(settings)
+        self.recent: deque[float] = deque(maxlen=self.settings.window)
+        self.streak = 0
+        self.streak_start: int | None = None
+        self.skipped: deque[int] = deque(maxlen=self.settings.max_skips)
+        self.skip_above = math.inf  # loss above which an update is skipped (set each check)
+        self._mean: float | None = None
+        self._sum = 0.0  # of recent, kept as losses come and go
+
+    def fit(self, planned_steps: int) -> str | None:
+        # warm-up: at least the window is filled, at most a tenth of the run
+        self.sized(planned_steps, warmup_steps=max(32, min(100, planned_steps // 10)))
+        return None
+
+    # per step, before the update --------------------------------------------------------
+    def skips(self, step: int, loss: float) -> bool:
+        """True when ``loss`` at ``step`` is an outlier whose update should be skipped (and the
+        budget of skips per window allows it). Cheap: one comparison on most steps."""
+        if not loss > self.skip_above or not math.isfinite(loss) or not self.active_at(step):
+            return False
+        if len(self.skipped) == self.skipped.maxlen and step - self.skipped[0] < self.settings.window:
+            return False  # the budget is spent: a spike that lasts, for check() to judge
+        self.skipped.append(step)
+        return True
+
+    def describe_skip(self, step: int, loss: float) -> str:
+        mean = self._mean or 0.0
+        std = (self.skip_above - mean) / self.settings.sigmas
+        recent = sum(1 for s in self.skipped if step - s < self.settings.window)
+        return (f"loss {fmt(loss)} at step {step} is {(loss - mean) / std if std else math.inf:.3g}"
+                f" standard deviations above its mean {fmt(mean)} over the last "
+                f"{len(self.recent)} steps (threshold {self.settings.sigmas:g}): its optimizer "
+                f"update was skipped ({recent} of at most {self.settings.max_skips} in "
+                f"{self.settings.window} steps)")
+
+    # per window ---------------------------------------------------------------------------
+    def check(self, window: Window) -> Finding | None:
+        skipped = set(self.skipped)
+        for step, loss in window.finite_losses():
+            finding = self._judge(step, loss, step in skipped)
+            if finding is not None:
+                return finding
+        self._set_threshold()
+        return None
+
+    def _judge(self, step: int, loss: float, skipped: bool) -> Finding | None:
+        s = self.settings
+        mean = self._moving_mean()
+        if mean is not None and mean > 0 and loss >= s.factor * mean and self.active_at(step):
+            self.streak += 1
+            self.streak_start = self.streak_start if self.streak > 1 else step
+            if self.streak >= s.patience:
+                return self._fire(step, loss, mean)
+            return None
+        self.streak, self.streak_start = 0, None
+        if not skipped:
+            recent = self.recent
+            if len(recent) == recent.maxlen:
+                self._sum -= recent[0]
+            recent.append(loss)
+            self._sum += loss
+        return None
+
+    def _fire(self, step: int, loss: float, mean: float) -> Finding:
+        start = self.streak_start if self.streak_start is not None else step
+        finding = Finding(step, loss, self.settings.factor * mean, (
+            f"loss spike: the loss has been >= {self.settings.factor:g}x its moving mean "
+            f"{fmt(mean)} for {self.streak} steps since step {start} (now {fmt(loss)} at "
+            f"step {step})"), since=start)
+        self.streak, self.streak_start = 0, None  # the baseline from before the spike stays
+        self._set_threshold()
+        return finding
+
+    def _moving_mean(self) -> float | None:
+        if len(self.recent) < min(32, self.settings.window):
+            return None
+        return self._sum / len(self.recent)
+
+    def _set_threshold(self) -> None:
+        self._sum = math.fsum(self.recent)  # no drift from the running sum
+        mean = self._moving_mean()
+        self._mean = mean
+        if mean is None:
+            self.skip_above = math.inf
+            return
+        variance = math.fsum((v - mean) ** 2 for v in self.recent) / (len(self.recent) - 1)
+        self.skip_above = mean + self.settings.sigmas * math.sqrt(variance)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._set_threshold()

@@ -1,0 +1,130 @@
+"""Early stopping on a validation metric, with Keras' and Lightning's semantics."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from prudent.monitor.base import EvalSample, Finding, Rule, RuleSettings, Window, finite, fmt
+
+__all__ = ["EarlyStoppingRule", "higher_is_better"]
+
+_HIGHER_IS_BETTER = ("acc", "auc", "f1", "precision", "recall", "score", "map", "iou", "bleu")
+
+
+def higher_is_better(metric: str) -> bool:
+    """``mode: auto``: max for accuracies, AUC, F1, precision, recall, scores, mAP, IoU, BLEU."""
+    name = metric.lower()
+    return any(word in name for word in _HIGHER_IS_BETTER)
+
+
+class EarlyStoppingSettings(RuleSettings):
+    cooldown_steps: int = Field(0, ge=0, description="After firing, the rule stays silent for "
+                                "this many steps (matters for actions that do not stop).")
+    metric: str | None = Field(None, description="The run.log metric watched; default: the "
+                               "first val_* metric the script logs (val_loss, val_acc, ...).")
+    mode: Literal["auto", "min", "max"] = Field("auto", description="Whether lower or higher is "
+                                                "better; auto: max for names with acc, auc, f1, "
+                                                "precision, recall, score, map, iou, bleu.")
+    min_delta: float = Field(0.0, ge=0, description="The smallest change that counts as an "
+                             "improvement, in the metric's units (Keras, Lightning: 0).")
+    patience: int = Field(5, ge=1, description="Evaluations in a row without improvement before "
+                          "the rule fires (Lightning: 3, Keras: 0; 5 lets a plateau of four "
+                          "noisy evaluations pass).")
+    baseline: float | None = Field(None, description="A value the metric must beat: until it "
+                                   "does, every evaluation counts as one without improvement.")
+    restore_best: bool = Field(True, description="Keep the best evaluation's checkpoint (never "
+                               "rotated out) and, when this rule stops the run, put its weights "
+                               "back: the final weights are the best ones.")
+
+
+class EarlyStoppingRule(Rule):
+    """No improvement of a validation metric for ``patience`` evaluations (Keras' and
+    Lightning's ``EarlyStopping``: ``patience`` counts evaluations, i.e. ``run.log`` calls that
+    carry the metric, not epochs).
+
+    ``best_step`` is the step of the best evaluation so far and ``improved`` says whether the
+    last window brought a new best: the monitor keeps that evaluation's checkpoint for
+    ``restore_best``.
+    """
+
+    name = "early_stopping"
+    needs = frozenset({"evals"})
+    Settings = EarlyStoppingSettings
+    settings: EarlyStoppingSettings
+    state_fields = ("metric", "best", "best_step", "waited", "num_evals")
+
+    def __init__(self, settings: EarlyStoppingSettings | None = None) -> None:
+        super().__init__(settings)
+        self.metric: str | None = self.settings.metric
+        self.best: float | None = None  # sign x value: lower is better
+        self.best_step: int | None = None
+        self.waited = 0
+        self.num_evals = 0
+        self.improved = False
+        self.judged = False  # saw the metric at least once (kept when the rule starts over)
+
+    def sign(self, metric: str) -> float:
+        mode = self.settings.mode
+        if mode == "auto":
+            mode = "max" if higher_is_better(metric) else "min"
+        return -1.0 if mode == "max" else 1.0
+
+    def check(self, window: Window) -> Finding | None:
+        self.improved = False
+        for sample in window.evals:
+            finding = self._judge(sample)
+            if finding is not None:
+                self.reset()  # with an action that does not stop, it counts anew
+                return finding
+        return None
+
+    def _judge(self, sample: EvalSample) -> Finding | None:
+        if self.metric is None:
+            self.metric = next((k for k in sample.metrics if k.startswith("val_")), None)
+        value = sample.metrics.get(self.metric) if self.metric else None
+        if not finite(value) or not self.active_at(sample.step):
+            return None
+        s, metric = self.settings, self.metric
+        assert metric is not None and value is not None
+        score = self.sign(metric) * value
+        self.num_evals += 1
+        self.judged = True
+        reference = self.best
+        if s.baseline is not None:
+            reference = min(reference if reference is not None else float("inf"),
+                            self.sign(metric) * s.baseline)
+        if reference is None or score + s.min_delta < reference:
+            self.best, self.best_step, self.waited, self.improved = score, sample.step, 0, True
+            return None
+        if self.best is None or score < self.best:  # beats the best so far, not the baseline
+            self.best, self.best_step, self.improved = score, sample.step, True
+        self.waited += 1
+        if self.waited < s.patience:
+            return None
+        return Finding(sample.step, value, self._target(metric), self._message(sample, value))
+
+    def _target(self, metric: str) -> float | None:
+        if self.best is None:
+            return self.settings.baseline
+        return self.sign(metric) * (self.best - self.settings.min_delta)
+
+    def _message(self, sample: EvalSample, value: float) -> str:
+        metric, s = self.metric, self.settings
+        best = fmt(self.sign(metric) * self.best) if self.best is not None else "none"  # type: ignore[arg-type]
+        text = (f"early stopping: {metric} has not improved for {self.waited} evaluations: "
+                f"{fmt(value)} at step {sample.step}, best {best} at step {self.best_step}")
+        if s.min_delta:
+            text += f" (min_delta {s.min_delta:g})"
+        if s.baseline is not None:
+            text += f" (baseline {s.baseline:g})"
+        return text
+
+    def blind_reason(self) -> str | None:
+        """Said once at the end of a run that logged evaluations but never this metric."""
+        if not self.judged and self.num_evals == 0:
+            watched = self.settings.metric or "a val_* metric"
+            return (f"early_stopping could not judge: the run never logged {watched} with "
+                    "run.log (set monitor.rules.early_stopping.metric to the metric to watch)")
+        return None

@@ -1,0 +1,105 @@
+"""early_stopping: Keras' and Lightning's semantics, and the best weights at the end."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import prudent
+from prudent.checkpoint import Checkpointer
+from prudent.checkpoint.settings import CheckpointSettings
+from prudent.monitor import Monitor
+from prudent.monitor.base import EvalSample, Window
+from prudent.monitor.rules import EarlyStoppingRule
+from prudent.store import Store
+from prudent.testing import make_settings, tiny_loader, tiny_model
+
+
+def judge(rule: EarlyStoppingRule, values: list[float], metric: str = "val_loss") -> int | None:
+    """The evaluation (1-based) at which the rule fires, or None."""
+    for index, value in enumerate(values, start=1):
+        if rule.check(Window(evals=[EvalSample(index * 100, {metric: value}, None)])):
+            return index
+    return None
+
+
+def test_patience_counts_evaluations_without_improvement() -> None:
+    rule = EarlyStoppingRule(EarlyStoppingRule.Settings(patience=3))
+    assert judge(rule, [1.0, 0.9, 0.95, 0.91, 0.92, 0.93]) == 5
+    rule = EarlyStoppingRule(EarlyStoppingRule.Settings(patience=3))
+    assert judge(rule, [1.0, 0.9, 0.95, 0.89, 0.92, 0.93, 0.94]) == 7  # 0.89 restarted the count
+
+
+def test_min_delta_mode_and_the_first_val_metric_by_default() -> None:
+    rule = EarlyStoppingRule(EarlyStoppingRule.Settings(patience=2, min_delta=0.05))
+    assert judge(rule, [0.5, 0.52, 0.54], metric="val_acc") == 3  # +0.04 is not enough
+    assert rule.sign("val_acc") == -1.0 and rule.sign("val_loss") == 1.0  # auto
+    rule = EarlyStoppingRule(EarlyStoppingRule.Settings(patience=2, mode="min"))
+    assert judge(rule, [0.5, 0.6, 0.7], metric="val_acc") == 3
+
+
+def test_a_baseline_must_be_beaten() -> None:
+    rule = EarlyStoppingRule(EarlyStoppingRule.Settings(patience=3, baseline=0.5))
+    assert judge(rule, [0.9, 0.8, 0.7]) == 3  # improving, but never below the baseline
+    finding_rule = EarlyStoppingRule(EarlyStoppingRule.Settings(patience=3, baseline=0.5))
+    assert judge(finding_rule, [0.9, 0.4, 0.45, 0.41]) is None
+
+
+def _train(home: Path, val: list[float], **monitor: object) -> tuple[prudent.Run, torch.nn.Module,
+                                                                      dict[int, torch.Tensor]]:
+    settings = make_settings(home, monitor={"max_check_every_steps": 10, **monitor})
+    checkpointer = Checkpointer(CheckpointSettings(every="off", keep=1, at_epoch_end=False))
+    run = prudent.init(name="es", settings=settings, exit_on_stop=False,
+                       components=[Monitor(settings.monitor, stream=io.StringIO()), checkpointer])
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    run.attach(model=model, optimizer=opt)
+    weights: dict[int, torch.Tensor] = {}
+    with run:
+        for epoch in run.epochs(len(val)):
+            for x, y in run.batches(tiny_loader(num_samples=64, batch_size=8)):
+                loss = F.cross_entropy(model(x), y)
+                run.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                run.step(loss=loss)
+            weights[epoch] = model[0].weight.detach().clone()
+            run.log(val_loss=val[epoch])
+    return run, model, weights
+
+
+def test_it_stops_with_the_best_weights_and_keeps_their_checkpoint(tmp_path: Path) -> None:
+    home = tmp_path / ".prudent"
+    val = [1.0, 0.8, 0.7, 0.75, 0.72, 0.71, 0.74, 0.9, 0.8, 0.7, 0.6]
+    run, model, weights = _train(home, val, rules={"early_stopping": {"patience": 4}})
+    assert (run.status, run.stop_reason) == ("stopped", "rule:early_stopping")
+    assert run.state.epoch == 6  # stopped at the 7th evaluation, 4 after the best (the 3rd)
+    assert torch.equal(model[0].weight, weights[2])  # the final weights are the best ones
+    kept = sorted(p.name for p in (home / "runs" / run.id / "checkpoints").glob("ckpt-*"))
+    assert "ckpt-0000000024" in kept  # the best evaluation's (step 24), whatever keep=1 says
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
+    events = {(e["kind"], e["name"]): e for e in store.events(run.id)}
+    store.close()
+    assert "has not improved for 4 evaluations" in events[("rule", "early_stopping")]["message"]
+    assert "best 0.7 at step 24" in events[("rule", "early_stopping")]["message"]
+    assert events[("monitor", "best_restored")]["payload"]["checkpoint_step"] == 24
+    assert "enabled: false" in events[("lifecycle", "stop_requested")]["message"]
+
+
+def test_a_run_that_never_logs_the_metric_says_so_once(tmp_path: Path) -> None:
+    home = tmp_path / ".prudent"
+    settings = make_settings(home, monitor={"rules": {"early_stopping": {"metric": "val_f1"}}})
+    run = prudent.init(name="blind", settings=settings, exit_on_stop=False,
+                       components=[Monitor(settings.monitor, stream=io.StringIO())])
+    with run:
+        for _ in run.steps(3):
+            run.step(loss=1.0)
+            run.log(val_loss=1.0)
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
+    blind = [e for e in store.events(run.id)
+             if e["name"] == "blind" and e["payload"]["rule"] == "early_stopping"]
+    store.close()
+    assert len(blind) == 1 and "never logged val_f1" in blind[0]["message"]

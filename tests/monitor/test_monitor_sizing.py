@@ -1,0 +1,72 @@
+"""Rules sized to the run's planned length, memory projected to an out-of-memory error, and a
+learning rate zeroed by mistake."""
+
+from __future__ import annotations
+
+from prudent.monitor import MonitorSettings
+from prudent.monitor.base import LayerSample, MemorySample, Window
+from prudent.monitor.rules import LossNotDecreasingRule, MemoryGrowthRule, UpdateRatioRule
+from prudent.monitor.stats import StepStats
+from prudent.testing import FakeClock
+
+_MB = 1 << 20
+
+
+def test_windows_shrink_to_the_run_but_not_below_noise_and_user_values_stay() -> None:
+    rule = LossNotDecreasingRule()
+    assert rule.fit(2260) is None
+    assert (rule.settings.warmup_steps, rule.settings.window) == (45, 100)
+    assert rule.fit(100_000) is None and rule.settings.window == 200  # long runs: the defaults
+    mine = LossNotDecreasingRule(LossNotDecreasingRule.Settings(window=300))
+    mine.fit(2260)
+    assert mine.settings.window == 300 and mine.settings.warmup_steps == 45
+    reason = LossNotDecreasingRule().fit(448)
+    assert reason is not None and "needs 608 steps" in reason and "plans 448" in reason
+
+
+def memory(step: int, mb: float, wall: float, available_mb: float | None) -> MemorySample:
+    left = None if available_mb is None else int(available_mb * _MB)
+    return MemorySample(step, int(mb * _MB), None, wall, left)
+
+
+def test_memory_growth_projects_the_out_of_memory_and_acts_within_the_horizon() -> None:
+    rule = MemoryGrowthRule(MemoryGrowthRule.Settings(warmup_steps=0, horizon_s="10min"))
+    rule.fit(448)  # window: 20 samples
+    found = None
+    for i in range(1, 21):  # 2 MB a step, a step every 0.1 s: 20 MB/s against 3 GB left
+        found = found or rule.check(Window(memory=[memory(5 * i, 500 + 10 * i, 0.5 * i, 3000)]))
+    assert found is not None and found.step == 50  # 10 samples in (half the window), OOM soon
+    assert "run out in about 2.5 min (within the 10 min horizon)" in found.message
+
+
+def test_slow_growth_with_room_to_spare_waits_for_the_growth_threshold() -> None:
+    rule = MemoryGrowthRule(MemoryGrowthRule.Settings(warmup_steps=0))
+    steps = [rule.check(Window(memory=[memory(100 * i, 500 + 8 * i, 60.0 * i, 20_000)]))
+             for i in range(1, 11)]
+    assert all(f is None for f in steps[:-1]) and steps[-1] is not None
+    assert "beyond the 30 min horizon" in steps[-1].message  # fired for 72 MB of growth
+
+
+def layers(step: int) -> Window:
+    return Window(steps=[step], loss=[1.0], layers=[LayerSample(step, {}, 0.0)], lr=0.0,
+                  peak_lr=0.1, planned_steps=2000)
+
+
+def test_a_learning_rate_zeroed_mid_run_is_caught_and_a_schedule_ending_at_zero_is_not() -> None:
+    rule = UpdateRatioRule(UpdateRatioRule.Settings(warmup_steps=0))
+    found = [rule.check(layers(step)) for step in (400, 450, 500)]
+    assert found[-1] is not None and "learning rate is 0 at step 500" in found[-1].message
+    rule = UpdateRatioRule(UpdateRatioRule.Settings(warmup_steps=0))
+    assert all(rule.check(layers(step)) is None for step in (1850, 1900, 1950, 2000))
+
+
+def test_memory_is_sampled_by_time_when_steps_are_slow() -> None:
+    clock = FakeClock()
+    stats = StepStats(MonitorSettings(memory_every_s=30), clock=clock)
+    stats.fit(1_000_000)  # memory every 100 steps by count
+    for step in range(1, 11):
+        clock.advance(5.0)  # 5 s steps
+        stats.step_end(step, 1.0)
+    assert len(stats.take_window().memory) == 1  # 50 s since the start: one sample by time
+    stats.fit(2000)
+    assert stats.memory_every == 20

@@ -1,0 +1,105 @@
+"""loss_spike: an outlier's update is skipped, a lasting spike is rolled back, then stopped."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import prudent
+from prudent.checkpoint import Checkpointer
+from prudent.checkpoint.settings import CheckpointSettings
+from prudent.monitor import Monitor
+from prudent.monitor.base import Window
+from prudent.monitor.rules import LossSpikeRule
+from prudent.store import Store
+from prudent.testing import make_settings, tiny_loader, tiny_model
+
+
+def steady(first: int, count: int, level: float = 1.0) -> Window:
+    losses = [level * (1 + 0.05 * math.sin(step)) for step in range(first, first + count)]
+    return Window(steps=list(range(first, first + count)), loss=losses)  # type: ignore[arg-type]
+
+
+def test_outliers_are_skipped_within_a_budget_per_window() -> None:
+    rule = LossSpikeRule(LossSpikeRule.Settings(warmup_steps=0, max_skips=2))
+    assert not rule.skips(1, 100.0)  # no baseline yet
+    rule.check(steady(1, 100))
+    assert not rule.skips(101, 1.04) and rule.skips(101, 5.0) and rule.skips(102, 5.0)
+    assert not rule.skips(103, 5.0)  # two per 128 steps: more is a spike that lasts
+    assert rule.skips(101 + 128, 5.0)
+    assert "standard deviations above its mean" in rule.describe_skip(101, 5.0)
+
+
+def test_a_lasting_spike_fires_with_the_step_it_began() -> None:
+    rule = LossSpikeRule(LossSpikeRule.Settings(warmup_steps=0))
+    rule.check(steady(1, 100))
+    spike = steady(101, 10, level=3.0)
+    finding = rule.check(spike)
+    assert finding is not None and finding.since == 101 and finding.step == 105
+    assert "for 5 steps since step 101" in finding.message
+    assert rule.check(steady(111, 10)) is None  # the baseline from before the spike stayed
+
+
+def run_with(home: Path, spoil: Any, steps_per_epoch: int = 32, epochs: int = 6,
+             checkpoints: bool = False, **monitor: Any) -> tuple[prudent.Run, list[dict[str, Any]],
+                                                               dict[int, bool]]:
+    settings = make_settings(home, monitor={"max_check_every_steps": 10, **monitor})
+    components: list[Any] = [Monitor(settings.monitor, stream=io.StringIO())]
+    if checkpoints:
+        components.append(Checkpointer(CheckpointSettings(every="20steps", keep=2)))
+    run = prudent.init(name="spike", settings=settings, exit_on_stop=False, components=components)
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run.attach(model=model, optimizer=opt)
+    moved: dict[int, bool] = {}
+    loader = tiny_loader(num_samples=steps_per_epoch * 8, batch_size=8)
+    with run:
+        for _ in run.epochs(epochs):
+            for x, y in run.batches(loader):
+                step = run.state.step + 1
+                loss = F.cross_entropy(model(spoil(step, x)), y)
+                run.backward(loss)
+                before = model[0].weight.detach().clone()
+                opt.step()
+                moved[step] = not torch.equal(before, model[0].weight)
+                opt.zero_grad()
+                run.step(loss=loss)
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
+    events = [e for e in store.events(run.id) if e["kind"] in ("monitor", "rule", "checkpoint")]
+    store.close()
+    return run, events, moved
+
+
+def test_the_update_of_an_outlier_batch_is_skipped(tmp_path: Path) -> None:
+    run, events, moved = run_with(tmp_path / ".prudent",
+                                  lambda step, x: x * -1000 if step == 150 else x)
+    assert run.status == "completed"
+    assert not moved[150] and moved[149] and moved[151]  # only that update was skipped
+    (skip,) = [e for e in events if e["name"] == "skipped_update"]
+    assert skip["step"] == 150 and "its optimizer update was skipped" in skip["message"]
+
+
+def test_a_lasting_spike_is_rolled_back_past_its_data(tmp_path: Path) -> None:
+    run, events, _ = run_with(tmp_path / ".prudent",
+                              lambda step, x: -x if 101 <= step <= 112 else x,
+                              checkpoints=True, actions={"rollback": {"skip_batches": 8}})
+    assert run.status == "completed" and run.state.step == 6 * 32 - 8  # 8 batches skipped
+    (rollback,) = [e for e in events if e["name"] == "rollback"]
+    assert rollback["payload"]["checkpoint_step"] == 96  # the newest from before step 101 (epoch end)
+    assert rollback["payload"]["spike_step"] == 101
+    assert "skipping the next 8 batches" in rollback["message"]
+    assert any(e["name"] == "restored" for e in events)
+
+
+def test_after_max_rollbacks_the_next_spike_stops_the_run(tmp_path: Path) -> None:
+    run, events, _ = run_with(tmp_path / ".prudent",
+                              lambda step, x: -x if 101 <= step <= 112 else x,
+                              checkpoints=True, actions={"rollback": {"max_rollbacks": 0}})
+    assert (run.status, run.stop_reason) == ("stopped", "rule:loss_spike")
+    (fired,) = [e for e in events if e["kind"] == "rule"]
+    assert "0 rollbacks already" in fired["payload"]["outcome"]
