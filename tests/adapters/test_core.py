@@ -39,6 +39,15 @@ def test_framework_checkpoint_carries_a_folder_and_gives_it_back(tmp_path: Path)
     assert restored.state_dict() == state
 
 
+def test_framework_checkpoint_keeps_carrying_the_restored_files_until_the_framework_writes(
+        tmp_path: Path) -> None:
+    state = {"entry": "ckpt", "files": {"ckpt/model.bin": b"old"}}
+    carried = FrameworkCheckpoint(tmp_path)
+    carried.load_state_dict(state)
+    carried.bind(lambda folder: None)  # the framework has written nothing new yet
+    assert carried.state_dict() == state
+
+
 def test_framework_checkpoint_refuses_a_path_outside_its_folder(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="points outside"):
         FrameworkCheckpoint(tmp_path).load_state_dict(
