@@ -43,11 +43,11 @@ class _RunCache:
     that watching a huge live run never takes more than a fifth of a core from its training."""
 
     def __init__(self, size: int = 16) -> None:
-        self.pages: OrderedDict[str, tuple[int, Any, float, float]] = OrderedDict()
+        self.pages: OrderedDict[str, tuple[str, Any, float, float]] = OrderedDict()
         self.size = size
         self.lock = threading.Lock()
 
-    def get(self, key: str, token: int) -> Any:
+    def get(self, key: str, token: str) -> Any:
         with self.lock:
             found = self.pages.get(key)
             return found[1] if found and found[0] == token else None
@@ -61,7 +61,7 @@ class _RunCache:
         _, page, built, cost_s = found
         return page if time.monotonic() - built < max(0.3, 4 * cost_s) else None
 
-    def put(self, key: str, token: int, page: Any, cost_s: float = 0.0) -> None:
+    def put(self, key: str, token: str, page: Any, cost_s: float = 0.0) -> None:
         with self.lock:
             self.pages[key] = (token, page, time.monotonic(), cost_s)
             self.pages.move_to_end(key)
@@ -115,12 +115,12 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
         cached = cache.get(run_id, token)
         if request.query_params.get("quick") and cached is None:
             return json_response(run_page(store, run_id, home, series=False))
-        if request.query_params.get("since") == str(token):
+        if request.query_params.get("since") == token:
             return json_response({"unchanged": True, "token": token})
         page = cached
         if page is None or page["run"]["status"] == "running":
             page = cache.recent(run_id)  # a live run's page: rebuilt at a bounded rate
-            if page is not None and str(page["token"]) == request.query_params.get("since"):
+            if page is not None and page["token"] == request.query_params.get("since"):
                 return json_response({"unchanged": True, "token": page["token"]})
         if page is None:
             started = time.perf_counter()

@@ -55,6 +55,7 @@ def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None,
     which cost a pass over the run's metric rows."""
     from prudent.cost.commands import breakdown
 
+    token = store.metrics_token(run_id)  # before the reads: newer rows make the next token
     run = store.get_run(run_id)
     if run is None:
         raise KeyError(run_id)
@@ -66,7 +67,7 @@ def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None,
                 for e in events if e["kind"] == "finding"]
     return {
         "page": "run", "run": summary, "verdict": verdict(summary, findings),
-        "token": store.metrics_token(run_id),
+        "token": token,
         "series": curves, "markers": _markers(events), "events": _event_rows(events),
         "profile": profile, "timeline": _timeline(home, run_id), "findings": findings,
         "cost": breakdown(store, run_id), "cost_over_time": _cost_over_time(run, events),
@@ -106,12 +107,11 @@ def verdict(run: dict[str, Any], findings: list[dict[str, Any]] | None = None) -
 
 def marker_kind(event: dict[str, Any]) -> str | None:
     """The marker an event draws on the curves (see MARKER_KINDS), or None."""
-    if event["kind"] == "rule":
-        return "rule"
-    if event["kind"] in ("finding", "capture_requested"):
-        return "finding" if event["kind"] == "finding" else "capture"
+    by_kind = {"rule": "rule", "finding": "finding", "capture_requested": "capture"}
+    if event["kind"] in by_kind:  # their names are a rule's or a finding's
+        return by_kind[event["kind"]]
     if (event["kind"], event["name"]) == ("lifecycle", "start") and event.get("attempt", 0):
-        return "restart"
+        return "restart"  # a later attempt of the run started
     return _MARKER_OF.get((event["kind"], event["name"]))
 
 

@@ -59,7 +59,7 @@ class ReadOnlyStore(Store):
             found[name] = rows[0][0] if rows else None
         return dict(sorted(found.items()))
 
-    def metrics_token(self, run_id: str) -> int:
+    def metrics_token(self, run_id: str) -> str:
         """Changes whenever the run gains a metric or an event: what the live page polls."""
         from prudent.store import events, metrics
 
@@ -68,7 +68,7 @@ class ReadOnlyStore(Store):
         newest_event = sa.select(sa.func.coalesce(sa.func.max(events.c.id), 0)).where(
             events.c.run_id == run_id).scalar_subquery()
         row = self.read(sa.select(newest, newest_event))[0]
-        return int(row[0]) * 1_000_003 + int(row[1])
+        return f"{row[0]}.{row[1]}"  # the newest metric's and event's ids
 
 
 def open_readonly(settings_store: Any) -> ReadOnlyStore:
