@@ -91,6 +91,11 @@ def test_runs_table_lists_every_run_with_its_status(page: Any, ui: UiServer,
     page.select_option("#runs-status", "")
     page.click("#runs th[data-key=step]")  # ascending: the runs that stopped early come first
     assert page.locator("#runs tbody tr").first.get_attribute("data-id") == "crash"
+    page.check("#runs tr[data-id=ok] input[type=checkbox]")
+    page.check("#runs tr[data-id=nan] input[type=checkbox]")
+    page.click("#compare")
+    page.wait_for_selector("#app[data-page=compare]")
+    assert page.locator(".curve").count() >= 1 and "ids=" in page.url
 
 
 def test_run_page_draws_the_loss_curve_with_the_rule_firing_on_it(

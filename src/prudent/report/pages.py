@@ -173,6 +173,9 @@ def _cost_over_time(run: dict[str, Any], events: list[dict[str, Any]]) -> list[d
     for e in events:
         if e["kind"] == "cost" and e["name"] in ("meter", "limit") and "total_usd" in e["payload"]:
             points.append({"wall": e["wall"], "usd": e["payload"]["total_usd"], "step": e["step"]})
+    if run["cost_usd"] > points[-1]["usd"]:  # a running run: what its meter has written so far
+        points.append({"wall": run["ended_at"] or time.time(), "usd": run["cost_usd"],
+                       "step": run["step"]})
     return points
 
 
