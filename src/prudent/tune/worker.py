@@ -26,9 +26,10 @@ from typing import Any
 
 from prudent.errors import ConfigError, ExitCode
 from prudent.events import EventKind
-from prudent.launch import ENV_RUN_ID, ENV_TUNE_JOB, LaunchSpec, TrialSpec
+from prudent.launch import ENV_TUNE_JOB, LaunchSpec, TrialSpec
 from prudent.stop import StopKind, StopReason
 from prudent.supervisor import Supervisor
+from prudent.tune.owners import created_at, owner_alive, pid_runs
 
 __all__ = ["ENV_JOB", "FATAL_CODE", "TuneJob", "main"]
 
@@ -110,8 +111,8 @@ class Worker:
         self.space = load_space(self.meta["space"])
         self.store = Store.open(self.settings.store)
         tuner = os.getppid()
-        self.me = {"host": host_name(), "pid": os.getpid(), "created": _created(os.getpid()),
-                   "tuner": {"pid": tuner, "created": _created(tuner)}}
+        self.me = {"host": host_name(), "pid": os.getpid(), "created": created_at(os.getpid()),
+                   "tuner": {"pid": tuner, "created": created_at(tuner)}}
         self.stopping = False
 
     # the loop -----------------------------------------------------------------------------
@@ -168,7 +169,7 @@ class Worker:
 
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             owner = trial.user_attrs.get("worker")
-            if owner and (owner.get("host") != self.me["host"] or _alive(owner)):
+            if owner and (owner.get("host") != self.me["host"] or owner_alive(owner)):
                 continue  # run by a live worker, or on another machine (it will resume it)
             if "run_id" not in trial.user_attrs:
                 if owner:  # its worker died between ask and launch: it never ran
@@ -187,8 +188,8 @@ class Worker:
 
         for trial in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             owner = trial.user_attrs.get("worker")
-            if (owner and owner.get("host") == self.me["host"] and _alive(owner)
-                    and not _alive(owner.get("tuner") or {})):
+            if (owner and owner.get("host") == self.me["host"] and owner_alive(owner)
+                    and not owner_alive(owner.get("tuner") or {})):
                 return True
         return False
 
@@ -323,7 +324,7 @@ class Worker:
         while True:
             record = self.store.get_run(task.run_id)
             pid = record.get("pid") if record else None
-            if not (record and record["status"] == "running" and pid and _pid_runs(pid, task.run_id)):
+            if not (record and record["status"] == "running" and pid and pid_runs(pid, task.run_id)):
                 return record
             if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)  # our own orphan, past its grace period
@@ -440,36 +441,6 @@ def _settled(record: Mapping[str, Any]) -> bool:
     return record["status"] in ("stopped", "failed") and record["stop_reason"] not in (
         "preempted", "interrupted") and record["exit_code"] is not None and record[
         "exit_code"] >= 0 and record["exit_code"] not in _INTERRUPTED
-
-
-def _created(pid: int) -> float | None:
-    import psutil
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
-def _alive(owner: Mapping[str, Any]) -> bool:
-    import psutil
-
-    try:
-        return psutil.Process(int(owner["pid"])).create_time() == owner.get("created")
-    except (psutil.Error, KeyError, TypeError, ValueError):
-        return False
-
-
-def _pid_runs(pid: int, run_id: str) -> bool:
-    """The process ``pid`` is alive and is that run's (not a reused pid)."""
-    import psutil
-
-    try:
-        process = psutil.Process(int(pid))
-        return process.status() != psutil.STATUS_ZOMBIE and process.environ().get(
-            ENV_RUN_ID) == run_id
-    except (psutil.Error, OSError):
-        return False
 
 
 def _halt_file(job: TuneJob) -> Path:
