@@ -239,8 +239,8 @@ class Monitor(Component):
         """Size the rules (and the sampling) to a run of ``planned`` steps."""
         self._fitted_for = planned
         if "sample_every_steps" not in self.settings.model_fields_set:
-            # layers sampled every ~2.5% of the run, never more often than every 50 steps
-            self.stats.fit(planned, max(50, min(self.settings.sample_every_steps, planned // 40)))
+            # layers sampled every ~2.5% of the run, never more often than every 20 steps
+            self.stats.fit(planned, max(20, min(self.settings.sample_every_steps, planned // 40)))
         else:
             self.stats.fit(planned)
         for name, rule in self.rules.items():

@@ -31,7 +31,7 @@ class LossNotDecreasingSettings(RuleSettings):
     min_improvement: float = Field(0.01, ge=0, lt=1, description="Relative improvement over the "
                                    "best block mean that counts as progress (0.01 = 1%).")
     min_lr_fraction: float = Field(0.2, ge=0, le=1, description=LR_FRACTION_HELP)
-    new_level: float = Field(0.1, gt=0, description="A block mean this fraction above the best "
+    new_level: float = Field(0.05, gt=0, description="A block mean this fraction above the best "
                              "starts a new level (new data at an epoch boundary, a restarted "
                              "schedule): progress is then judged from there (a loss that climbs "
                              "for good is divergence's business).")
@@ -57,12 +57,13 @@ class LossNotDecreasingRule(Rule):
         self.waited = 0
 
     def fit(self, planned_steps: int) -> str | None:
-        patience = self.settings.patience
+        # runs under 10,000 steps: 3 blocks without progress, not 5 (a verdict by a fifth of it)
+        patience = 3 if planned_steps < 10_000 else self.settings.patience
         warmup = min(100, planned_steps // 50)
         # the verdict early in the run, but blocks of at least 100 steps: the mean of
         # fewer mini-batch losses is too noisy to compare at 1% (and a plateau is no verdict)
         window = max(100, min(200, (planned_steps // 10 - warmup) // (patience + 1)))
-        self.sized(planned_steps, warmup_steps=warmup, window=window)
+        self.sized(planned_steps, warmup_steps=warmup, window=window, patience=patience)
         s = self.settings
         needed = s.warmup_steps + (s.patience + 1) * s.window
         if needed > planned_steps:

@@ -65,7 +65,7 @@ class MemoryGrowthRule(Rule):
 
     def fit(self, planned_steps: int) -> str | None:
         # samples every ~1% of the run (StepStats.fit): 20 of them span a fifth of it
-        self.sized(planned_steps, warmup_steps=min(100, planned_steps // 10),
+        self.sized(planned_steps, warmup_steps=min(100, planned_steps // 20),
                    window=20 if planned_steps < 10_000 else 10)
         for name in ("host", "device"):
             setattr(self, name, deque(getattr(self, name), maxlen=self.settings.window))
