@@ -392,7 +392,9 @@ class Worker:
         series = [v for _, v in self.store.metric_series(task.run_id, self.job.objective)]
         if series and series[-1] is not None:
             return float(series[-1])
-        logged = sorted(self.store.last_metrics(task.run_id))
+        # the names the script logged, not the profiler's machine series (profile/cpu_pct, ...)
+        logged = sorted(n for n in self.store.last_metrics(task.run_id)
+                        if not n.startswith("profile/"))
         self.storage.set_trial_user_attr(task.trial_id, "fatal", True)
         self.study.tell(task.number, state=__import__("optuna").trial.TrialState.FAIL)
         if series:
