@@ -51,12 +51,15 @@ class StoreWriter:
         self._thread = threading.Thread(target=self._loop, name="prudent-store-writer", daemon=True)
         self._thread.start()
 
-    def put_metrics(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]]) -> None:
-        """``steps``: ``(step, wall time, {name: number or tensor})`` tuples."""
+    def put_metrics(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]],
+                    latest: bool = True) -> None:
+        """``steps``: ``(step, wall time, {name: number or tensor})`` tuples. ``latest=False``:
+        kept out of :attr:`latest` (``run.latest``, the console's summary): series that
+        describe the machine, not the model."""
         self._idle.clear()
         if steps:
             self._last_row = (run_id, steps[-1][0])
-        self._queue.put(("metrics", run_id, steps))
+        self._queue.put(("metrics", run_id, steps, latest))
 
     def put_event(self, row: dict[str, Any]) -> None:
         self._idle.clear()
@@ -101,7 +104,7 @@ class StoreWriter:
               waiters: list[threading.Event]) -> float | None:
         kind = item[0]
         if kind == "metrics":
-            rows[0].extend(self._metric_rows(item[1], item[2]))
+            rows[0].extend(self._metric_rows(item[1], item[2], item[3]))
         elif kind == "event":
             rows[1].append(item[1])
         elif kind == "flush":
@@ -112,8 +115,8 @@ class StoreWriter:
                        f"more than {self.max_buffered_rows} rows waited for the run store")
         return item[1] if kind == "stop" else None
 
-    def _metric_rows(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]]
-                     ) -> list[dict[str, Any]]:
+    def _metric_rows(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]],
+                     latest: bool) -> list[dict[str, Any]]:
         try:
             values = to_floats([v for _, _, m in steps for v in m.values()])
         except Exception as exc:  # a bad metric must not kill the writer
@@ -124,7 +127,8 @@ class StoreWriter:
             for name in named:
                 rows.append({"run_id": run_id, "step": step, "name": name,
                              "value": values[index], "wall": wall})
-                self.latest[name] = values[index]
+                if latest:
+                    self.latest[name] = values[index]
                 index += 1
         return rows
 
@@ -204,7 +208,8 @@ class NullWriter:
     def __init__(self) -> None:
         self.latest: dict[str, float] = {}
 
-    def put_metrics(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]]) -> None:
+    def put_metrics(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]],
+                    latest: bool = True) -> None:
         pass
 
     def put_event(self, row: dict[str, Any]) -> None:

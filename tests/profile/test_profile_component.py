@@ -194,3 +194,26 @@ def test_the_loop_time_an_asynchronous_save_takes_is_charged_to_checkpoint(home:
     seconds = {name: row["s"] for name, row in summary["breakdown"].items()}
     # the snapshot copies 16 MB while the loop waits; before, it was lost in "other"
     assert seconds["checkpoint"] > seconds["other"] and seconds["checkpoint"] > 0.005
+
+
+def test_samples_go_to_the_store_with_the_time_split_and_stay_out_of_the_latest_values(
+        home: Path) -> None:
+    # a run on a machine that then dies: its timeline must be in the store, not only in its
+    # folder's profile.json (the report and dashboard read it from there on any machine)
+    run = train(home, steps=25, data_s=0.01, compute_s=0.005)
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
+    try:
+        names = set(store.last_metrics(run.id))
+        split = {c: [v for _, v in store.metric_series(run.id, f"profile/{c}_pct")]
+                 for c in ("data", "compute", "checkpoint", "eval", "other")}
+    finally:
+        store.close()
+    assert {"profile/cpu_pct", "profile/rss_mb", "profile/steps_per_s"} <= names
+    assert len(split["data"]) >= 3 and len({len(v) for v in split.values()}) == 1
+    # time is charged at the step's events, so one 20 ms interval may take a little of its
+    # neighbour's; over the run the categories add up to the wall time
+    totals = [sum(values) for values in zip(*split.values())]
+    assert 80 < sum(totals) / len(totals) < 120, totals
+    # the loader sleeps twice as long as the step computes
+    assert sum(split["data"]) > 1.15 * sum(split["compute"]), split
+    assert not [k for k in run.latest if k.startswith("profile/")]  # the model's, not the machine's

@@ -129,3 +129,38 @@ def test_the_pages_from_a_postgresql_store(pg_url: str) -> None:
     assert page["run"]["metrics"] == {"loss": 1 / 500}
     assert [m["kind"] for m in page["markers"]] == ["checkpoint", "rule"]
     assert [(r["id"], r["status"]) for r in runs["runs"]] == [("r1", "stopped")]
+
+
+def test_a_run_from_another_machine_has_its_timeline_from_the_store(tmp_path: Path) -> None:
+    # the run's folder (its profile.json) stayed on the machine that trained it: the page
+    # draws throughput, utilisation and the time split from the profiler's rows in the store
+    import shutil
+
+    import torch
+
+    import prudent
+    from prudent.testing import make_settings, tiny_model
+
+    settings = make_settings(tmp_path, profile={"interval_s": 0.02},
+                             checkpoint={"enabled": False})
+    run = prudent.init(name="elsewhere", settings=settings, exit_on_stop=False)
+    model = tiny_model(in_features=4)
+    run.attach(model=model)
+    with run:
+        for _ in run.steps(40):
+            time.sleep(0.004)
+            run.backward(model(torch.ones(8, 4)).sum())
+            run.step(loss=1.0)
+    shutil.rmtree(run.context.run_dir)
+    store = ReadOnlyStore(f"sqlite:///{tmp_path / 'prudent.db'}")
+    try:
+        page = run_page(store, run.id, home=tmp_path)
+        runs = runs_page(store, [])
+    finally:
+        store.close()
+    assert [s["name"] for s in page["series"]] == ["loss"]  # the machine's series drawn apart
+    assert runs["runs"][0]["metrics"] == {"loss": 1.0}
+    timeline = page["timeline"]
+    assert len(timeline) >= 3 and [s["t"] for s in timeline] == sorted(s["t"] for s in timeline)
+    assert all({"cpu_pct", "rss_mb", "steps_per_s", "compute_pct"} <= set(s) for s in timeline)
+    assert timeline[-1]["step"] == 40

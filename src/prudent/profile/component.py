@@ -26,10 +26,11 @@ if TYPE_CHECKING:
     from prudent.context import RunContext
     from prudent.stop import StopReason
 
-__all__ = ["Profiler"]
+__all__ = ["PROFILE_METRICS", "Profiler"]
 
 clock = time.perf_counter
 TOKENS = "tokens"  # run.step(tokens=n) counts tokens for tokens/s
+PROFILE_METRICS = "profile/"  # the sampler's series in the store: profile/cpu_pct, ...
 
 
 class Profiler(Component):
@@ -39,7 +40,8 @@ class Profiler(Component):
                  stream: TextIO | None = None) -> None:
         self.settings = settings or ProfileSettings()
         self.timer = StepTimer(self.settings.thresholds.outlier_factor, self.settings.warmup_steps)
-        self.sampler = SystemSampler(self.settings.interval_s, self._progress)
+        self.sampler = SystemSampler(self.settings.interval_s, self._progress,
+                                     split=self.timer.breakdown)
         window = self.settings.window
         self.trace = TraceWindow(window) if window is not None else None
         self.summary: dict[str, Any] | None = None
@@ -96,6 +98,7 @@ class Profiler(Component):
     # rare events --------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
         self.timer.start(clock())
+        self.sampler.on_sample = lambda sample: _record_sample(run, sample)
         self.sampler.start()
         if self.trace is not None and self.trace.window.start == 0:
             self._begin_trace(run, 0)
@@ -301,3 +304,21 @@ def _number(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return 0.0
+
+
+def _record_sample(run: RunContext, sample: dict[str, Any]) -> None:
+    """One sample into the run's record as ``profile/*`` metrics, so its timeline (throughput,
+    utilisation, the time split over the run) is read from the store on any machine, not only
+    from ``profile.json`` in the run's folder. Called on the sampler's thread."""
+    values: dict[str, float] = {}
+    for key, value in sample.items():
+        if key in ("t", "step"):
+            continue
+        if key == "gpus":
+            for index, gpu in enumerate(value):
+                for name in ("util_pct", "mem_used_mb"):
+                    if isinstance(gpu.get(name), (int, float)):
+                        values[f"{PROFILE_METRICS}gpu{index}_{name}"] = float(gpu[name])
+        elif isinstance(value, (int, float)):
+            values[PROFILE_METRICS + key] = float(value)
+    run.writer.put_metrics(run.id, [(sample["step"], time.time(), values)], latest=False)

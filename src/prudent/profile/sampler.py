@@ -3,7 +3,8 @@
 Every ``interval_s`` it reads the process's and the system's CPU %, resident memory, disk and
 network I/O (psutil), each visible GPU (NVML, when installed), the memory PyTorch holds on
 the training device, and the training progress, so throughput over the last interval comes
-for free. The training thread does nothing for it: the sampler reads the step timer's
+for free, and where the interval's wall time went (data / compute / checkpoint / eval / other,
+from the step timer's running totals). The training thread does nothing for it: the sampler reads the step timer's
 counters, which CPython updates atomically. About 0.1 ms of CPU per sample.
 """
 
@@ -25,16 +26,20 @@ MB = 2**20
 
 Progress = Callable[[], tuple[int, int, float]]  # (steps, samples, tokens) so far
 DeviceMemory = Callable[[], tuple[float, float]]  # (allocated MB, reserved MB)
+Split = Callable[[], dict[str, float]]  # seconds so far per step-time category (the timer's)
 
 
 class SystemSampler:
     """Start it, stop it, read :attr:`samples` (a list of flat dicts, oldest first)."""
 
     def __init__(self, interval_s: float, progress: Progress,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, split: Split | None = None) -> None:
         self.interval_s = interval_s
         self.samples: list[dict[str, Any]] = []
         self.device_memory: DeviceMemory | None = None  # set once training is seen on CUDA
+        # called with each new sample, on the sampler's thread (the profiler records it)
+        self.on_sample: Callable[[dict[str, Any]], None] | None = None
+        self._split = split
         self.gpu_note = ""
         self._progress = progress
         self._clock = clock
@@ -100,19 +105,29 @@ class SystemSampler:
             sample["gpus"] = self._gpus.read()
         if self.device_memory is not None:
             sample["device_allocated_mb"], sample["device_reserved_mb"] = self.device_memory()
+        for category in self._categories:  # where this interval's wall time went, in %
+            sample[f"{category}_pct"] = 100 * rate[f"split_{category}"]
         self.samples.append(sample)
         if len(self.samples) > MAX_SAMPLES:
             self.samples = self.samples[::2]
+        if self.on_sample is not None:
+            self.on_sample(sample)
+
+    @property
+    def _categories(self) -> list[str]:
+        return [key.removeprefix("split_") for key in self._last if key.startswith("split_")]
 
     def _counters(self) -> dict[str, float]:
         steps, samples, tokens = self._progress()
         disk = _safe(psutil.disk_io_counters)
         net = _safe(psutil.net_io_counters)
+        split = self._split() if self._split is not None else {}
         return {"t": self._clock(), "steps": steps, "samples": samples, "tokens": tokens,
                 "disk_read": getattr(disk, "read_bytes", 0),
                 "disk_write": getattr(disk, "write_bytes", 0),
                 "net_recv": getattr(net, "bytes_recv", 0),
-                "net_sent": getattr(net, "bytes_sent", 0)}
+                "net_sent": getattr(net, "bytes_sent", 0),
+                **{f"split_{category}": s for category, s in split.items()}}
 
 
 def _safe(read: Callable[[], Any]) -> Any:

@@ -20,9 +20,12 @@ import sqlalchemy as sa
 from prudent.report.reader import ReadOnlyStore
 from prudent.store import metrics as metrics_table
 
-__all__ = ["DEFAULT_BUCKETS", "Series", "envelope", "run_series"]
+__all__ = ["DEFAULT_BUCKETS", "PROFILE_PREFIX", "Series", "envelope", "profile_timeline",
+           "run_series"]
 
 DEFAULT_BUCKETS = 1500
+PROFILE_PREFIX = "profile/"  # the profiler's machine series (its sampler), not the model's
+MAX_TIMELINE_POINTS = 2048
 
 Series = dict[str, Any]  # {"name", "steps": [...], "values": [...], "count", "downsampled"}
 
@@ -40,6 +43,27 @@ def run_series(store: ReadOnlyStore, run_id: str, last_step: int,
     for row in store.read(stmt):
         grouped.setdefault(row[0], []).append(row[2:])
     return [envelope(name, rows) for name, rows in grouped.items()]
+
+
+def profile_timeline(store: ReadOnlyStore, run_id: str, started_at: float,
+                     max_points: int = MAX_TIMELINE_POINTS) -> list[dict[str, Any]]:
+    """The profiler's samples as the store has them (``profile/*`` metrics, one set every few
+    seconds): flat dicts ``{"t": seconds since the run started, "step", "cpu_pct", ...}``,
+    averaged over equal time buckets when there are more than ``max_points``."""
+    m = metrics_table.c
+    mine = sa.and_(m.run_id == run_id, m.name.like(f"{PROFILE_PREFIX}%"))
+    first, last = store.read(sa.select(sa.func.min(m.wall), sa.func.max(m.wall)).where(mine))[0]
+    if first is None:
+        return []
+    width = max((last - first) / max_points, 1e-6)
+    bucket = sa.cast((m.wall - first) / width, sa.Integer).label("bucket")
+    stmt = (sa.select(bucket, m.name, sa.func.avg(m.value), sa.func.max(m.wall),
+                      sa.func.max(m.step)).where(mine).group_by(bucket, m.name).order_by(bucket))
+    samples: dict[int, dict[str, Any]] = {}
+    for index, name, value, wall, step in store.read(stmt):
+        sample = samples.setdefault(index, {"t": round(wall - started_at, 3), "step": step})
+        sample[name.removeprefix(PROFILE_PREFIX)] = value
+    return list(samples.values())
 
 
 def envelope(name: str, buckets: Iterable[Sequence[Any]]) -> Series:

@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from prudent.report.downsample import run_series
+from prudent.report.downsample import PROFILE_PREFIX, profile_timeline, run_series
 from prudent.report.reader import ReadOnlyStore
 
 __all__ = ["MARKER_KINDS", "compare_page", "marker_kind", "run_page", "runs_page", "verdict"]
@@ -44,7 +44,8 @@ def runs_page(store: ReadOnlyStore, studies: list[str], limit: int = 1000,
         rows.append({k: run[k] for k in ("id", "name", "status", "stop_reason", "started_at",
                                          "step", "epoch", "restarts", "cost_usd")}
                     | {"duration_s": round(ended - run["started_at"], 3) if ended else None,
-                       "metrics": last_metrics(run["id"])})
+                       "metrics": {name: value for name, value in last_metrics(run["id"]).items()
+                                   if not name.startswith(PROFILE_PREFIX)}})
     return {"page": "runs", "runs": rows, "studies": studies}
 
 
@@ -61,7 +62,7 @@ def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None,
         raise KeyError(run_id)
     events = store.events(run_id)
     profile = _newest(events, "profile", "summary")
-    curves = run_series(store, run_id, run["step"]) if series else None
+    curves = _model_series(run_series(store, run_id, run["step"])) if series else None
     summary = _summary(run, store.last_values(run_id, [s["name"] for s in curves or []]))
     findings = [{"id": e["name"], "step": e["step"], "message": e["message"]}
                 for e in events if e["kind"] == "finding"]
@@ -69,7 +70,7 @@ def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None,
         "page": "run", "run": summary, "verdict": verdict(summary, findings),
         "token": token,
         "series": curves, "markers": _markers(events), "events": _event_rows(events),
-        "profile": profile, "timeline": _timeline(home, run_id), "findings": findings,
+        "profile": profile, "timeline": _timeline(store, home, run), "findings": findings,
         "cost": breakdown(store, run_id), "cost_over_time": _cost_over_time(run, events),
     }
 
@@ -81,7 +82,7 @@ def compare_page(store: ReadOnlyStore, run_ids: list[str]) -> dict[str, Any]:
         run = store.get_run(run_id)
         if run is None:
             raise KeyError(run_id)
-        series = run_series(store, run_id, run["step"])
+        series = _model_series(run_series(store, run_id, run["step"]))
         runs.append({"run": _summary(run, store.last_values(run_id, [s["name"] for s in series])),
                      "series": series})
     keys = sorted({k for r in runs for k in _flat(r["run"]["config"])})
@@ -156,16 +157,24 @@ def _event_rows(events: list[dict[str, Any]]) -> dict[str, Any]:
     return {"total": len(rows), "rows": rows[-MAX_EVENT_ROWS:]}
 
 
-def _timeline(home: str | Path | None, run_id: str) -> list[dict[str, Any]]:
-    """The profiler's samples (throughput, CPU, GPU, memory every few seconds), when the run's
-    folder is on this machine."""
-    if home is None:
-        return []
-    path = Path(home).resolve() / "runs" / run_id / "profile.json"
-    try:
-        return list(json.loads(path.read_text()).get("timeline") or [])
-    except (OSError, ValueError, AttributeError):
-        return []
+def _model_series(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The curves of the model (loss, metrics, lr): the profiler's machine series are drawn
+    on their own charts."""
+    return [s for s in series if not s["name"].startswith(PROFILE_PREFIX)]
+
+
+def _timeline(store: ReadOnlyStore, home: str | Path | None, run: dict[str, Any]
+              ) -> list[dict[str, Any]]:
+    """The profiler's samples (throughput, CPU, GPU, memory, the time split, every few
+    seconds): from the run's ``profile.json`` when its folder is on this machine, else from
+    the store (a run that ran elsewhere, or is still running)."""
+    if home is not None:
+        path = Path(home).resolve() / "runs" / run["id"] / "profile.json"
+        try:
+            return list(json.loads(path.read_text()).get("timeline") or [])
+        except (OSError, ValueError, AttributeError):
+            pass
+    return profile_timeline(store, run["id"], run["started_at"])
 
 
 def _cost_over_time(run: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -241,6 +241,15 @@
       const rate = chartBox({id: 'throughput', cls: 'chart'});
       const system = chartBox({id: 'system', cls: 'chart'});
       parts.push(rate, system);
+      const split = ['data', 'compute', 'checkpoint', 'eval', 'other'].filter((k) => samples.some((s) => s[`${k}_pct`] !== undefined));
+      if (split.length) {  // where each interval's time went, over the run
+        const over = chartBox({id: 'split', cls: 'chart'});
+        parts.push(over);
+        requestAnimationFrame(() => plot(over, split.map((k) => ({type: 'scatter', mode: 'lines', stackgroup: 'split', name: k,
+          x: t, y: samples.map((s) => s[`${k}_pct`] || 0), hovertemplate: `${k}: %{y:.1f}%<extra></extra>`})),
+        {title: {text: 'step time split over the run', x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'seconds'}},
+          yaxis: {title: {text: '% of wall time'}}, margin: {l: 55, r: 20, t: 30, b: 40}}));
+      }
       const keys = [...new Set(samples.flatMap(Object.keys))]
         .filter((k) => /^(cpu_pct|system_cpu_pct|rss_mb|gpu\d+_(util_pct|mem_used_mb))$/.test(k));
       requestAnimationFrame(() => {
