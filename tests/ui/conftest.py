@@ -127,11 +127,11 @@ def runs_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class UiServer:
     """A real ``prudent ui`` on a free loopback port."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "prudent", "ui", "--port", str(self.port)], cwd=home,
+            [sys.executable, "-m", "prudent", "ui", "--port", str(self.port), *args], cwd=home,
             env=project_env(home), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

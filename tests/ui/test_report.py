@@ -164,3 +164,29 @@ def test_a_run_from_another_machine_has_its_timeline_from_the_store(tmp_path: Pa
     assert len(timeline) >= 3 and [s["t"] for s in timeline] == sorted(s["t"] for s in timeline)
     assert all({"cpu_pct", "rss_mb", "steps_per_s", "compute_pct"} <= set(s) for s in timeline)
     assert timeline[-1]["step"] == 40
+
+
+def test_ui_lists_and_shows_the_studies_of_a_database_storage(tmp_path: Path) -> None:
+    # machines tuning together keep their study in a database, not a journal file here
+    import optuna
+
+    from tests.ui.conftest import UiServer
+
+    (tmp_path / ".prudent").mkdir()
+    _recorded_run(tmp_path)
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    study = optuna.create_study(study_name="shared", storage=url, direction="maximize")
+    for number, lr in enumerate((0.1, 0.01, 0.5)):
+        trial = study.ask({"lr": optuna.distributions.FloatDistribution(1e-3, 1.0, log=True)})
+        trial.report(0.5 + number / 10, step=1)
+        study.tell(trial, 0.6 + number / 10 if number < 2 else None,
+                   state=None if number < 2 else optuna.trial.TrialState.PRUNED)
+    server = UiServer(tmp_path, "--storage", url)
+    try:
+        assert server.get_json("/api/runs")["studies"] == ["shared"]
+        page = server.get_json("/api/studies/shared")
+    finally:
+        server.stop()
+    states = [t["state"] for t in page["summary"]["trials"]]
+    assert sorted(states) == ["complete", "complete", "pruned"], page["summary"]["trials"]
+    assert page["params"] == ["lr"]

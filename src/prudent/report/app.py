@@ -69,8 +69,9 @@ class _RunCache:
                 self.pages.popitem(last=False)
 
 
-def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
-    """The dashboard over ``store`` (opened read-only by the caller, closed by it too)."""
+def create_app(settings: ProjectSettings, store: ReadOnlyStore, studies: Any = None) -> Starlette:
+    """The dashboard over ``store`` (opened read-only by the caller, closed by it too);
+    ``studies``: an opened Optuna storage whose studies are listed beside the journal files."""
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, Response
     from starlette.routing import Route
@@ -99,7 +100,8 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
         return shell("runs", "/api/runs", live=True)
 
     def runs_api(request: Request) -> Response:
-        return json_response(runs_page(store, list_studies(home), last_metrics=last_metrics))
+        return json_response(runs_page(store, list_studies(home, studies),
+                                       last_metrics=last_metrics))
 
     def run_html(request: Request) -> Response:
         url = f"/api/runs/{quote(request.path_params['run_id'], safe='')}"
@@ -149,7 +151,8 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore) -> Starlette:
 
     def study_api(request: Request) -> Response:
         try:
-            return json_response(study_page(settings, request.path_params["name"]))
+            return json_response(study_page(settings, request.path_params["name"],
+                                            opened=studies))
         except ConfigError as exc:
             return json_response({"error": str(exc)}, 404)
 

@@ -64,6 +64,9 @@ def ui(
     port: int = typer.Option(8765, "--port", "-p", min=0, max=65535, help="Port to listen on."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but "
                              "this machine's loopback shows the store to the network."),
+    storage: str | None = typer.Option(None, "--storage", help="An Optuna storage URL whose "
+                                       "studies are listed too (prudent tune --storage ...); "
+                                       "journal files under .prudent/studies always are."),
     config: str | None = _ConfigOption,
 ) -> None:
     """A local, read-only dashboard over the store: runs, a run's curves live, compare, studies."""
@@ -76,6 +79,11 @@ def ui(
     except ImportError:
         raise ConfigError("prudent ui needs its web server: pip install 'prudent[ui]'") from None
     settings = load_settings(config)
+    studies = None
+    if storage is not None:
+        from prudent.tune.study import open_storage
+
+        studies = open_storage(storage)
     store = open_readonly(settings.store)
     plotly_js()  # read once now, not while the first page waits
     warning = host_warning(host, port)
@@ -85,7 +93,8 @@ def ui(
     print(f"prudent ui: http://{shown}:{port}/ over {store.url} (read-only; Ctrl-C stops it)",
           flush=True)
     try:
-        uvicorn.run(create_app(settings, store), host=host, port=port, log_level="warning")
+        uvicorn.run(create_app(settings, store, studies), host=host, port=port,
+                    log_level="warning")
     finally:
         store.close()
 

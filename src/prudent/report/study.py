@@ -19,23 +19,33 @@ if TYPE_CHECKING:
 __all__ = ["list_studies", "study_page"]
 
 
-def list_studies(home: str | Path) -> list[str]:
-    """Names of the studies kept as journal files under ``<home>/studies``."""
+def list_studies(home: str | Path, storage: Any = None) -> list[str]:
+    """Names of the studies kept as journal files under ``<home>/studies``, and those in an
+    opened Optuna ``storage`` (a database shared by machines: ``prudent ui --storage``)."""
     folder = Path(home).resolve() / "studies"
-    return sorted(p.stem for p in folder.glob("*.journal")) if folder.is_dir() else []
+    names = {p.stem for p in folder.glob("*.journal")} if folder.is_dir() else set()
+    if storage is not None:
+        from prudent.tune.study import import_optuna
+
+        names.update(import_optuna().get_all_study_names(storage))
+    return sorted(names)
 
 
-def study_page(settings: ProjectSettings, name: str, storage: str | None = None) -> dict[str, Any]:
-    """The study's summary, trials' intermediate values and parameter columns."""
+def study_page(settings: ProjectSettings, name: str, storage: str | None = None,
+               opened: Any = None) -> dict[str, Any]:
+    """The study's summary, trials' intermediate values and parameter columns. ``storage``: a
+    URL; ``opened``: an Optuna storage already open (the dashboard keeps one), tried when the
+    study has no journal file."""
     from prudent.tune.report import summarize
     from prudent.tune.study import load, open_storage, storage_url, validate_study_name
 
     validate_study_name(name)
     url = storage_url(settings.store.home, name, storage)
-    if storage is None and not Path(url).exists():
+    journal = storage is None and Path(url).exists()
+    if storage is None and not journal and opened is None:
         raise ConfigError(f"no study {name!r}: {url} does not exist; start one with prudent "
                           f"tune --study {name} --space ... -- python train.py")
-    study = load(name, open_storage(url))
+    study = load(name, opened if storage is None and not journal else open_storage(url))
     summary = summarize(study, settings)
     curves = {t.number: sorted((int(k), _finite(v)) for k, v in t.intermediate_values.items())
               for t in study.get_trials(deepcopy=False)}
