@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -103,3 +104,14 @@ def test_a_run_that_never_logs_the_metric_says_so_once(tmp_path: Path) -> None:
              if e["name"] == "blind" and e["payload"]["rule"] == "early_stopping"]
     store.close()
     assert len(blind) == 1 and "never logged val_f1" in blind[0]["message"]
+
+
+def test_in_a_tuning_trial_early_stopping_prunes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prudent.launch import LaunchSpec, TrialSpec
+
+    trial = TrialSpec(storage="sqlite:///x.db", study="s", trial_id=1, number=1, objective="val")
+    for key, value in LaunchSpec(run_id="r", trial=trial).to_env().items():
+        monkeypatch.setenv(key, value)
+    assert Monitor().rules["early_stopping"].settings.action == ["prune"]
+    monkeypatch.delenv("PRUDENT_TUNE_TRIAL")
+    assert Monitor().rules["early_stopping"].settings.action == ["stop"]
