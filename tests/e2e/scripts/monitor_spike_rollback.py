@@ -1,5 +1,5 @@
-"""Repairable: in epoch 3 a shard of 30 batches has corrupted labels (and inputs off by a
-factor), which pushes the loss far up for as long as it lasts and damages the weights ->
+"""Repairable: in epoch 3 a shard of 30 batches has corrupted labels, which pushes the loss
+far up for as long as it lasts and damages the weights ->
 loss_spike rolls back to the checkpoint before it and skips the rest of the shard."""
 
 import torch
@@ -15,7 +15,7 @@ BAD = range(40, 70)
 
 def spoil(batch):
     x, y = batch
-    return x * 3, (y + 3) % 10
+    return x, (y + 3) % 10
 
 
 loader = ShardedLoader(train_loader, bad_epoch=2, bad=BAD, spoil=spoil)

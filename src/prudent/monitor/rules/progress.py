@@ -57,13 +57,12 @@ class LossNotDecreasingRule(Rule):
         self.waited = 0
 
     def fit(self, planned_steps: int) -> str | None:
-        # runs under 10,000 steps: 3 blocks without progress, not 5 (a verdict by a fifth of it)
-        patience = 3 if planned_steps < 10_000 else self.settings.patience
+        patience = self.settings.patience  # 3 stopped converged healthy runs: not sized
         warmup = min(100, planned_steps // 50)
         # the verdict early in the run, but blocks of at least 100 steps: the mean of
         # fewer mini-batch losses is too noisy to compare at 1% (and a plateau is no verdict)
         window = max(100, min(200, (planned_steps // 10 - warmup) // (patience + 1)))
-        self.sized(planned_steps, warmup_steps=warmup, window=window, patience=patience)
+        self.sized(planned_steps, warmup_steps=warmup, window=window)
         s = self.settings
         needed = s.warmup_steps + (s.patience + 1) * s.window
         if needed > planned_steps:
