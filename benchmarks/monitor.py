@@ -1,30 +1,40 @@
-"""How well the monitoring rules catch sick training, and what they cost.
+"""How well the monitoring rules catch sick training, repair what can be repaired, and what
+they cost.
 
 Every scenario is a real training script from ``tests/e2e/scripts/monitor_*.py`` (tiny models
-on generated data, CPU), run as its own process in a fresh project folder, twice:
+on generated data, CPU), run as its own process in a fresh project folder:
 
-* ``observe``  every rule's action set to ``alert`` (``stalled`` keeps ``stop``: a hung loop
-  never ends otherwise), so each rule that would fire shows up: the detection matrix;
+* ``observe``  sick scripts with every rule's action set to ``alert`` (``stalled`` keeps
+  ``stop``: a hung loop never ends otherwise), so each rule that would fire shows up: the
+  detection matrix (healthy scripts too, seed 0: what would fire on them);
 * ``default``  prudent's default rules and actions, as a user gets them: what actually stops
-  the run, and the compute saved (planned steps not run, as a share of the planned steps).
+  or repairs each sick run, and the compute saved (planned steps not run, as a share of the
+  planned steps of the runs that were stopped); each healthy script over 3 seeds
+  (``MONITOR_SEED``), which must never be stopped or rolled back;
+* ``reference`` the repairable scripts with their sickness off (``MONITOR_HEALTHY=1``): a
+  repaired run must end within 2% of its final validation loss.
 
-Detection latency is the step a rule fired at (``detected_at``, when the monitor saw it)
-minus the step the sickness began (``SCENARIO onset=`` printed by the script; for
-overfitting, the step of the best validation loss). A false alarm is any rule firing on a
-healthy run. ``--overhead`` adds the monitor's own cost per step: the time spent in its
-handlers in a tight loop on the digits-sized MLP, and the paired step-time difference.
+Every checkpoint a default run writes is kept (``checkpoint.keep`` raised for the benchmark)
+and loaded afterwards: none may hold a NaN or an infinity.
+
+Detection latency is the step a rule fired at (observe: ``detected_at``; default: the step the
+run stopped at) minus the step the sickness began (``SCENARIO onset=`` printed by the script;
+for overfitting, the step of the best validation loss). ``--overhead`` adds the monitor's own
+cost per step: the time spent in its handlers in a tight loop on the digits-sized MLP, and the
+paired step-time difference.
 
 Reproduce::
 
-    python benchmarks/monitor.py                 # all scenarios, 2 at a time, a few minutes
+    python benchmarks/monitor.py                 # all scenarios, 2 at a time, ~10 minutes
     python benchmarks/monitor.py --overhead      # and the per-step cost
-    python benchmarks/monitor.py --only nan_batch high_lr --jobs 1
+    python benchmarks/monitor.py --only nan_batch high_lr --jobs 1 --seeds 1
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -43,20 +53,23 @@ from rich.console import Console
 from rich.table import Table
 
 import prudent
-from prudent.monitor.registry import RULES
+from prudent.monitor.rules import BUILTIN_RULES  # registers them (the package exports lazily)
 from prudent.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "e2e" / "scripts"
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "monitor.json"
-HANG_YAML = {"stalled": {"timeout_s": 3, "grace_s": 2}}
+HANG = {"monitor": {"rules": {"stalled": {"timeout_s": 3, "grace_s": 2}}}}
+EVERY_50 = {"checkpoint": {"every": "50steps"}}  # rollback needs a checkpoint before the spike
+REPAIR_TOLERANCE = 0.02
 
 
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    intended: str | None  # None: healthy
-    rules_yaml: dict[str, Any] = field(default_factory=dict)
+    intended: tuple[str, ...] | None  # the rules meant to catch it; None: healthy
+    settings: dict[str, Any] = field(default_factory=dict)  # prudent.yaml, beyond the defaults
+    repair: bool = False  # meant to be repaired (skip, rollback), not stopped
 
     @property
     def script(self) -> Path:
@@ -64,21 +77,33 @@ class Scenario:
 
 
 SCENARIOS = [
-    Scenario("nan_batch", "non_finite"),
-    Scenario("high_lr", "exploding_gradient"),
-    Scenario("divergence", "divergence"),
-    Scenario("deep_sigmoid", "vanishing_gradient"),
-    Scenario("shuffled_labels", "loss_not_decreasing"),
-    Scenario("tiny_lr", "update_ratio"),
-    Scenario("dead_relu", "dead_activations"),
-    Scenario("leak", "memory_growth"),
-    Scenario("hang", "stalled", HANG_YAML),
-    Scenario("overfit", "overfitting"),
+    Scenario("nan_batch", ("non_finite",)),
+    Scenario("high_lr", ("exploding_gradient",)),
+    Scenario("divergence", ("divergence",)),
+    Scenario("deep_sigmoid", ("vanishing_gradient",)),
+    Scenario("shuffled_labels", ("loss_not_decreasing",)),
+    Scenario("tiny_lr", ("update_ratio",)),
+    Scenario("dead_relu", ("dead_activations",)),
+    Scenario("leak", ("memory_growth",)),
+    Scenario("hang", ("stalled",), HANG),
+    Scenario("overfit", ("overfitting", "early_stopping")),
+    Scenario("random_labels", ("early_stopping", "loss_not_decreasing")),
+    Scenario("leak_short", ("memory_growth",)),
+    Scenario("spike_rollback", ("loss_spike",), EVERY_50, repair=True),
+    Scenario("spike_skip", ("loss_spike",), repair=True),
+    Scenario("late_nan", ("non_finite",)),
+    Scenario("lr_zero", ("update_ratio",)),
     Scenario("healthy_mlp", None),
     Scenario("healthy_noisy", None),
     Scenario("healthy_spikes", None),
     Scenario("healthy_regression", None),
     Scenario("healthy_cnn", None),
+    Scenario("healthy_restarts", None),
+    Scenario("healthy_plateau", None),
+    Scenario("healthy_clipped", None),
+    Scenario("healthy_finetune", None),
+    Scenario("healthy_sparse_eval", None),
+    Scenario("healthy_shift", None),
 ]
 
 
@@ -86,6 +111,7 @@ SCENARIOS = [
 class Outcome:
     scenario: str
     mode: str
+    seed: int
     exit_code: int
     wall_s: float
     planned: int | None
@@ -95,55 +121,88 @@ class Outcome:
     stop_reason: str | None
     fired: dict[str, int]  # rule -> first detected_at
     messages: dict[str, str]
+    rollbacks: int = 0
+    skips: int = 0
+    final_val_loss: float | None = None
+    checkpoints: int = 0  # written and kept (all of them: keep is raised)
+    bad_checkpoints: list[str] = field(default_factory=list)  # holding NaN/inf
+    refused: int = 0  # saves not committed because a tensor was not finite
 
 
 # running one scenario -----------------------------------------------------------------------
 def settings_yaml(scenario: Scenario, mode: str) -> str:
-    rules: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
+    settings: dict[str, Any] = json.loads(json.dumps(scenario.settings))
     if mode == "observe":
-        rules = {name: {"action": "alert", "cooldown_steps": 10**9} for name in RULES}
+        rules = {cls.name: {"action": "alert", "cooldown_steps": 10**9} for cls in BUILTIN_RULES}
         rules["stalled"] = {}
-        extra = {"checkpoint": {"enabled": False}}  # saves do not change what the rules see
-    for name, values in scenario.rules_yaml.items():
-        rules.setdefault(name, {}).update(values)
-    return json.dumps({"monitor": {"rules": rules}, **extra})  # JSON is YAML
+        for name, values in settings.get("monitor", {}).get("rules", {}).items():
+            rules.setdefault(name, {}).update(values)
+        settings.setdefault("monitor", {})["rules"] = rules
+        settings["checkpoint"] = {"enabled": False}  # saves do not change what the rules see
+    else:  # every checkpoint written stays, to be checked for NaN afterwards
+        settings.setdefault("checkpoint", {})["keep"] = 100_000
+    return json.dumps(settings)  # JSON is YAML
 
 
-def run_scenario(scenario: Scenario, mode: str, timeout_s: float = 600) -> Outcome:
+def run_scenario(scenario: Scenario, mode: str, seed: int = 0, timeout_s: float = 600) -> Outcome:
     with tempfile.TemporaryDirectory(prefix=f"prudent-monitor-{scenario.name}-") as tmp:
         project = Path(tmp)
         (project / "prudent.yaml").write_text(settings_yaml(scenario, mode))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PRUDENT_")}
-        env.update(PRUDENT_CONSOLE="plain", PRUDENT_RUN_ID=f"{scenario.name}-{mode}")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PRUDENT_", "MONITOR_"))}
+        run_id = f"{scenario.name}-{mode}-{seed}"
+        env.update(PRUDENT_CONSOLE="plain", PRUDENT_RUN_ID=run_id, MONITOR_SEED=str(seed))
+        if mode == "reference":
+            env["MONITOR_HEALTHY"] = "1"
         started = time.perf_counter()
         result = subprocess.run([sys.executable, str(scenario.script)], cwd=project, env=env,
                                 capture_output=True, text=True, timeout=timeout_s, check=False)
         wall = time.perf_counter() - started
-        return read_outcome(scenario, mode, project, result, wall)
+        outcome = read_outcome(scenario, mode, seed, project, result, wall)
+        outcome.checkpoints, outcome.bad_checkpoints = check_checkpoints(project)
+        return outcome
 
 
-def read_outcome(scenario: Scenario, mode: str, project: Path,
+def read_outcome(scenario: Scenario, mode: str, seed: int, project: Path,
                  result: subprocess.CompletedProcess[str], wall: float) -> Outcome:
     match = re.search(r"SCENARIO planned=(\d+) onset=(\w+)", result.stdout)
     if match is None:
         raise RuntimeError(f"{scenario.name} ({mode}) did not start:\n{result.stderr[-3000:]}")
     store = Store(f"sqlite:///{project / '.prudent' / 'prudent.db'}")
     try:
-        run_id = f"{scenario.name}-{mode}"
+        run_id = f"{scenario.name}-{mode}-{seed}"
         run = store.get_run(run_id) or {}
+        events = store.events(run_id)
         fired: dict[str, int] = {}
         messages: dict[str, str] = {}
-        for event in store.events(run_id):
+        for event in events:
             if event["kind"] == "rule" and event["name"] not in fired:
                 fired[event["name"]] = int(event["payload"].get("detected_at", event["step"]))
                 messages[event["name"]] = event["message"]
         onset = int(match.group(2)) if match.group(2).isdigit() else best_val_step(store, run_id)
+        losses = [v for _, v in store.metric_series(run_id, "val_loss") if v is not None]
     finally:
         store.close()
-    return Outcome(scenario.name, mode, result.returncode, wall, int(match.group(1)), onset,
+    count = lambda kind, name: sum(e["kind"] == kind and e["name"] == name for e in events)  # noqa: E731
+    return Outcome(scenario.name, mode, seed, result.returncode, wall, int(match.group(1)), onset,
                    int(run.get("step") or 0), run.get("status", "?"), run.get("stop_reason"),
-                   fired, messages)
+                   fired, messages, rollbacks=count("monitor", "rollback"),
+                   skips=count("monitor", "skipped_update"),
+                   final_val_loss=losses[-1] if losses else None,
+                   refused=count("checkpoint", "not_finite"))
+
+
+def check_checkpoints(project: Path) -> tuple[int, list[str]]:
+    """Load every checkpoint the run kept; the ones holding a NaN or an infinity."""
+    from prudent.checkpoint.finite import first_non_finite
+
+    paths = sorted(project.glob(".prudent/runs/*/checkpoints/ckpt-*/state.pt"))
+    bad = []
+    for path in paths:
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+        culprit = first_non_finite(payload)
+        if culprit is not None:
+            bad.append(f"{path.parent.name}: {culprit}")
+    return len(paths), bad
 
 
 def best_val_step(store: Store, run_id: str) -> int | None:
@@ -154,70 +213,135 @@ def best_val_step(store: Store, run_id: str) -> int | None:
 
 # the report ---------------------------------------------------------------------------------
 def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
-    observe = {o.scenario: o for o in outcomes if o.mode == "observe"}
-    default = {o.scenario: o for o in outcomes if o.mode == "default"}
-    rows, saved_planned, saved_steps = [], 0, 0
-    for scenario in SCENARIOS:
-        seen = observe.get(scenario.name)
-        stopped = default.get(scenario.name)
-        if seen is None:
-            continue
-        row: dict[str, Any] = {"scenario": scenario.name, "intended": scenario.intended,
-                               "planned_steps": seen.planned, "onset": seen.onset,
-                               "fired": seen.fired, "messages": seen.messages}
-        if scenario.intended is not None:
-            at = seen.fired.get(scenario.intended)
-            row["caught"] = at is not None
-            row["latency_steps"] = (at - seen.onset) if at is not None and seen.onset is not None else None
-        if stopped is not None:
-            row["default_mode"] = {"status": stopped.status, "stop_reason": stopped.stop_reason,
-                                   "steps_run": stopped.steps, "exit_code": stopped.exit_code,
-                                   "wall_s": round(stopped.wall_s, 2)}
-            if scenario.intended is not None and stopped.planned:
-                saved = max(0, stopped.planned - stopped.steps)
-                row["compute_saved"] = saved / stopped.planned
-                saved_planned += stopped.planned
-                saved_steps += saved
-        rows.append(row)
-    healthy = [r for r in rows if r["intended"] is None]
-    false_alarms = sum(len(r["fired"]) for r in healthy) + sum(
-        len(default[r["scenario"]].fired) for r in healthy if r["scenario"] in default)
+    by = {(o.scenario, o.mode, o.seed): o for o in outcomes}
+    rows = [row for scenario in SCENARIOS
+            if (row := scenario_row(scenario, by, outcomes)) is not None]
     sick = [r for r in rows if r["intended"] is not None]
-    return {"rows": rows, "false_alarms": false_alarms,
-            "caught": sum(bool(r.get("caught")) for r in sick), "sick": len(sick),
-            "healthy": len(healthy),
-            "compute_saved": saved_steps / saved_planned if saved_planned else None}
+    healthy = [r for r in rows if r["intended"] is None]
+    stopped = [r for r in sick if r.get("default_mode", {}).get("status") == "stopped"]
+    planned = sum(r["planned_steps"] for r in stopped)
+    saved = sum(r["saved_steps"] for r in stopped)
+    return {
+        "rows": rows, "sick": len(sick), "healthy": len(healthy),
+        "caught": sum(bool(r.get("caught")) for r in sick),
+        "stopped_or_repaired": sum(r.get("verdict") in ("stopped", "repaired") for r in sick),
+        "compute_saved": saved / planned if planned else None,
+        "healthy_runs": sum(len(r.get("seeds", [])) for r in healthy),
+        "healthy_stops": sum(r.get("stops", 0) for r in healthy),
+        "healthy_rollbacks": sum(r.get("rollbacks", 0) for r in healthy),
+        "healthy_skips": sum(r.get("skips", 0) for r in healthy),
+        "false_alarms_observe": sum(len(r.get("fired", {})) for r in healthy),
+        "checkpoints_checked": sum(o.checkpoints for o in outcomes),
+        "bad_checkpoints": [b for o in outcomes for b in o.bad_checkpoints],
+        "saves_refused_not_finite": sum(o.refused for o in outcomes),
+    }
+
+
+def scenario_row(scenario: Scenario, by: dict[tuple[str, str, int], Outcome],
+                 outcomes: list[Outcome]) -> dict[str, Any] | None:
+    seen = by.get((scenario.name, "observe", 0))
+    default = by.get((scenario.name, "default", 0))
+    if seen is None and default is None:
+        return None
+    any_run = seen or default
+    row: dict[str, Any] = {"scenario": scenario.name, "intended": scenario.intended,
+                           "planned_steps": any_run.planned, "onset": any_run.onset,  # type: ignore[union-attr]
+                           "fired": seen.fired if seen else {},
+                           "messages": seen.messages if seen else {}}
+    if scenario.intended is None:
+        runs = [o for o in outcomes if o.scenario == scenario.name and o.mode == "default"]
+        row.update(seeds=[o.seed for o in runs], stops=sum(o.status != "completed" for o in runs),
+                   rollbacks=sum(o.rollbacks for o in runs), skips=sum(o.skips for o in runs),
+                   stop_reasons=[o.stop_reason for o in runs if o.stop_reason])
+        return row
+    if seen is not None:
+        at = [seen.fired[r] for r in scenario.intended if r in seen.fired]
+        # a repair is caught by what it did (a skipped update never fires the rule)
+        row["caught"] = bool(at) or bool(default and scenario.repair and (
+            default.rollbacks or default.skips))
+        if at and seen.onset is not None:
+            row["latency_steps"] = min(at) - seen.onset
+    if default is not None:
+        row.update(default_row(scenario, default, by.get((scenario.name, "reference", 0))))
+    return row
+
+
+def default_row(scenario: Scenario, run: Outcome, reference: Outcome | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"default_mode": {
+        "status": run.status, "stop_reason": run.stop_reason, "steps_run": run.steps,
+        "exit_code": run.exit_code, "wall_s": round(run.wall_s, 2), "rollbacks": run.rollbacks,
+        "skips": run.skips, "final_val_loss": run.final_val_loss}}
+    planned = run.planned or 0
+    if run.status == "stopped":
+        row["verdict"] = "stopped"
+        row["saved_steps"] = max(0, planned - run.steps)
+        row["compute_saved"] = row["saved_steps"] / planned if planned else None
+        if run.onset is not None:
+            row["stop_latency_steps"] = run.steps - run.onset
+            row["stop_latency_pct"] = 100 * (run.steps - run.onset) / planned if planned else None
+    elif scenario.repair and reference is not None and run.final_val_loss is not None:
+        ref = reference.final_val_loss
+        gap = abs(run.final_val_loss - ref) / ref if ref else math.inf
+        row["reference_val_loss"] = ref
+        row["repair_gap"] = gap
+        row["verdict"] = "repaired" if gap <= REPAIR_TOLERANCE and (
+            run.rollbacks or run.skips) else "not repaired"
+    else:
+        row["verdict"] = "completed (missed)"
+    return row
 
 
 def print_report(summary: dict[str, Any], console: Console) -> None:
-    rules = list(RULES)
-    short = {name: name.replace("_", " ").replace("gradient", "grad") for name in rules}
-    table = Table(title="detection matrix: step each rule fired at (observe mode); * intended",
-                  show_lines=False)
-    table.add_column("scenario", no_wrap=True)
-    for name in rules:
-        table.add_column(short[name], justify="right")
-    table.add_column("latency", justify="right")
-    table.add_column("default run", no_wrap=True)
-    table.add_column("saved", justify="right")
+    table = Table(title="sick runs: the intended rule (observe mode), and what the defaults did")
+    for name in ("scenario", "intended rule", "planned", "onset", "fired at (observe)",
+                 "default run", "latency", "% of run", "saved"):
+        table.add_column(name, justify="left" if name in ("scenario", "intended rule",
+                                                          "default run") else "right")
     for row in summary["rows"]:
-        cells = []
-        for name in rules:
-            at = row["fired"].get(name)
-            text = "" if at is None else str(at)
-            cells.append(f"{text}*" if name == row["intended"] else text)
-        latency = row.get("latency_steps")
+        if row["intended"] is None:
+            continue
+        at = [row["fired"][r] for r in row["intended"] if r in row["fired"]]
         default = row.get("default_mode", {})
-        stop = f"{default.get('stop_reason') or default.get('status', '')} @ {default.get('steps_run', '')}"
+        verdict = row.get("verdict", "")
+        if verdict == "stopped":
+            what = f"{default.get('stop_reason')} @ {default.get('steps_run')}"
+        elif verdict:
+            what = (f"{verdict}: {default.get('rollbacks')} rollback(s), {default.get('skips')} "
+                    f"skip(s), val_loss {_num(default.get('final_val_loss'))} vs "
+                    f"{_num(row.get('reference_val_loss'))}")
+        else:
+            what = ""
+        pct = row.get("stop_latency_pct")
         saved = row.get("compute_saved")
-        table.add_row(row["scenario"], *cells, "" if latency is None else str(latency),
-                      stop if default else "", "" if saved is None else f"{saved:.0%}")
+        table.add_row(row["scenario"], " / ".join(row["intended"]), str(row["planned_steps"]),
+                      str(row["onset"]), str(min(at)) if at else "-", what,
+                      str(row.get("stop_latency_steps", "")),
+                      "" if pct is None else f"{pct:.0f}%", "" if saved is None else f"{saved:.0%}")
     console.print(table)
+    healthy = Table(title="healthy runs: default rules, every seed")
+    for name in ("scenario", "seeds", "stops", "rollbacks", "skipped updates",
+                 "would fire (observe, seed 0)"):
+        healthy.add_column(name)
+    for row in summary["rows"]:
+        if row["intended"] is None:
+            healthy.add_row(row["scenario"], str(len(row.get("seeds", []))), str(row.get("stops")),
+                            str(row.get("rollbacks")), str(row.get("skips")),
+                            ", ".join(f"{k}@{v}" for k, v in row.get("fired", {}).items()))
+    console.print(healthy)
     saved = summary["compute_saved"]
-    console.print(f"caught {summary['caught']}/{summary['sick']} sick scenarios by their intended "
-                  f"rule; false alarms on {summary['healthy']} healthy runs: "
-                  f"{summary['false_alarms']}; compute saved on the sick runs: "
-                  f"{'n/a' if saved is None else f'{saved:.0%}'} of the planned steps")
+    console.print(
+        f"sick: caught {summary['caught']}/{summary['sick']} by an intended rule, "
+        f"{summary['stopped_or_repaired']}/{summary['sick']} stopped or repaired; compute saved "
+        f"on the stopped runs: {'n/a' if saved is None else f'{saved:.0%}'} of their planned "
+        f"steps. healthy: {summary['healthy_runs']} runs, {summary['healthy_stops']} stops, "
+        f"{summary['healthy_rollbacks']} rollbacks, {summary['healthy_skips']} skipped updates. "
+        f"checkpoints: {summary['checkpoints_checked']} loaded, "
+        f"{len(summary['bad_checkpoints'])} non-finite; "
+        f"{summary['saves_refused_not_finite']} saves refused for NaN/inf")
+
+
+def _num(value: Any) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 # overhead -------------------------------------------------------------------------------------
@@ -322,7 +446,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="*", help="scenario names (default: all)")
     parser.add_argument("--jobs", type=int, default=2, help="scenarios run at once")
-    parser.add_argument("--modes", nargs="*", default=["observe", "default"])
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per healthy scenario")
     parser.add_argument("--overhead", action="store_true", help="also measure the cost per step")
     parser.add_argument("--overhead-only", action="store_true", help="only the cost per step")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
@@ -330,12 +454,14 @@ def main() -> None:
     chosen = [s for s in SCENARIOS if not args.only or s.name in args.only]
     if args.overhead_only:
         chosen, args.overhead = [], True
-    jobs = [(s, m) for m in args.modes for s in chosen if m == "observe" or s.intended]
+    jobs = plan(chosen, args.seeds)
+    started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         outcomes = list(pool.map(lambda job: run_scenario(*job), jobs))
     summary = summarise(outcomes)
     console = Console(width=max(Console().width, 160))
     print_report(summary, console)
+    console.print(f"{len(jobs)} runs in {time.perf_counter() - started:.0f} s")
     result: dict[str, Any] = {"benchmark": "monitor", "machine": machine(), **summary,
                               "runs": [asdict(o) for o in outcomes]}
     if args.overhead:
@@ -349,6 +475,20 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2, default=str))
     console.print(f"wrote {args.json}")
+
+
+def plan(chosen: list[Scenario], seeds: int) -> list[tuple[Scenario, str, int]]:
+    """The runs: the longest first, so two workers finish together."""
+    jobs: list[tuple[Scenario, str, int]] = []
+    for scenario in chosen:
+        jobs.append((scenario, "observe", 0))
+        if scenario.intended is None:
+            jobs += [(scenario, "default", seed) for seed in range(seeds)]
+        else:
+            jobs.append((scenario, "default", 0))
+            if scenario.repair:
+                jobs.append((scenario, "reference", 0))
+    return sorted(jobs, key=lambda job: job[0].name in ("hang",) or job[0].intended is not None)
 
 
 def machine() -> dict[str, Any]:
