@@ -8,4 +8,4 @@ python=${PYTHON:-python3}
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
 "${pip[@]}" install "torch==2.13.0"
-"${pip[@]}" install -e ".[dev,examples,tune,ui,lightning,transformers,bench]" "$@"
+"${pip[@]}" install -e ".[dev,examples,tune,ui,lightning,transformers,keras,bench]" "$@"

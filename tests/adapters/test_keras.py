@@ -1,0 +1,81 @@
+"""prudent.keras in this process: a real model.fit on Keras' torch backend, stopped by the run,
+leaves Keras' own BackupAndRestore checkpoint inside prudent's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prudent.checkpoint.storage import LocalStorage
+from prudent.checkpoint.writer import load_latest
+from prudent.testing import StopAtStep, make_settings
+
+if importlib.util.find_spec("keras") is None:
+    pytest.skip("keras is not installed: pip install 'prudent[keras]'", allow_module_level=True)
+# imported while the tests are collected: keras sets environment variables of its own
+os.environ.setdefault("KERAS_BACKEND", "torch")
+import keras  # noqa: E402
+
+if keras.backend.backend() != "torch":
+    pytest.skip("keras was imported on another backend in this process", allow_module_level=True)
+
+
+def _numpy(variable) -> np.ndarray:
+    return variable.value.detach().cpu().numpy()
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="mse")
+    return model
+
+
+def test_a_stop_checkpoints_what_backup_and_restore_reads_then_stops_fit_with_exit_75(
+        tmp_path: Path) -> None:
+    from prudent.keras import PrudentCallback
+
+    settings = make_settings(tmp_path, console={"mode": "off"})
+    cb = PrudentCallback("toy", {"learning_rate": 0.05}, settings=settings)
+    cb.adapter.ctx.add_component(StopAtStep(5))
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    model = _model()
+    with pytest.raises(SystemExit) as exited:
+        model.fit(x, x[:, :1], epochs=3, batch_size=8, verbose=0, callbacks=[cb])
+    assert exited.value.code == 75 and cb.run.stop_reason == "preempted"
+    assert int(_numpy(model.optimizer.iterations)) == 5  # stopped at once
+    # the config took fit's settings; the run's learning rate reached the optimizer
+    assert cb.config["epochs"] == 3 and cb.config["steps_per_epoch"] == 8
+    assert float(_numpy(model.optimizer.learning_rate)) == \
+        pytest.approx(0.05)
+
+    checkpoint = load_latest(LocalStorage(cb.adapter.ctx.run_dir / "checkpoints"))
+    assert checkpoint is not None and checkpoint.payload
+    carried = next(v for v in _walk(checkpoint.payload) if "entry" in v)
+    backup = tmp_path / "backup"
+    for name, data in carried["files"].items():
+        (backup / name).parent.mkdir(parents=True, exist_ok=True)
+        (backup / name).write_bytes(data)
+    meta = json.loads((backup / carried["entry"] / "training_metadata.json").read_text())
+    assert meta == {"epoch": 0, "batch": 5}
+    # Keras' own BackupAndRestore takes the folder: weights and the optimizer's state
+    fresh = _model()
+    restore = keras.callbacks.BackupAndRestore(str(backup / carried["entry"]))
+    restore.set_model(fresh)
+    restore.on_train_begin()
+    for a, b in zip(model.weights + model.optimizer.variables,
+                    fresh.weights + fresh.optimizer.variables, strict=True):
+        np.testing.assert_array_equal(_numpy(a), _numpy(b))
+
+
+def _walk(value):
+    if isinstance(value, dict):
+        yield value
+        for item in value.values():
+            yield from _walk(item)
