@@ -22,6 +22,7 @@ Reproduce::
     python benchmarks/adapters.py                      # each framework, 6 rounds x 150 steps
     python benchmarks/adapters.py --rounds 10 --steps 300 --clock cpu
     python benchmarks/adapters.py --framework lightning --hidden 1024   # a ~10x longer step
+    python benchmarks/adapters.py --framework keras    # Keras 3, torch backend (--hidden too)
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "adapters.json"
 HOOK_S: list[float] = []  # per step: seconds inside the prudent callback's hooks
 
 
-def _timed(callback: Any, hooks: tuple[str, ...], clock: Any) -> Any:
+def _timed(callback: Any, hooks: tuple[str, ...], clock: Any,
+           inner: tuple[Any, tuple[str, ...]] | None = None) -> Any:
     """Time every call of the callback's ``hooks`` (and all they call: every component's
     handlers), on the same clock as the steps, summed per step (``hooks[-1]`` ends a step):
     steadier than a ratio of step times on a busy machine, since no other step's noise
@@ -67,6 +69,19 @@ def _timed(callback: Any, hooks: tuple[str, ...], clock: Any) -> Any:
                     current[0] = 0.0
 
         setattr(callback, name, timed)
+    if inner is not None:  # called from inside the framework's step, not from a hook
+        owner, names = inner
+        for name in names:
+            method = getattr(owner, name)
+
+            def timed_inner(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                started = clock()
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    current[0] += clock() - started
+
+            setattr(owner, name, timed_inner)
     return callback
 
 
@@ -152,7 +167,50 @@ def _transformers_fit(with_prudent: bool, steps: int, clock: Any) -> list[float]
     return times
 
 
-FRAMEWORKS = {"lightning": _lightning_fit, "transformers": _transformers_fit}
+KERAS_HOOKS = ("on_epoch_begin", "on_epoch_end", "on_train_batch_end")
+
+
+def _keras_fit(with_prudent: bool, steps: int, clock: Any) -> list[float]:
+    """Keras 3 on the torch backend, the digits MLP of examples/keras_digits.py. The callback
+    also runs inside Keras' step (the batch's arrival, the gradient rules before
+    ``optimizer.apply``): those calls are timed too; only the few-line wrappers around them
+    (and around the loss tracker's update) are not."""
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+    import keras
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from keras_digits import build, digits
+
+    times: list[float] = []
+
+    class StepTimes(keras.callbacks.Callback):
+        last: float | None = None
+
+        def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+            now = clock()
+            if self.last is not None:
+                times.append(now - self.last)
+            self.last = now
+
+    callbacks: list[Any] = [StepTimes()]
+    if with_prudent:
+        from prudent.keras import PrudentCallback
+
+        callback = PrudentCallback(name="bench-keras", config={}, exit_on_stop=False)
+        callbacks.append(_timed(callback, KERAS_HOOKS, clock,
+                                inner=(callback.adapter, ("batch_loaded", "after_backward"))))
+    keras.utils.set_random_seed(0)
+    (x, y), _ = digits()
+    repeat = -(-steps * 32 // len(x))
+    x, y = np.concatenate([x] * repeat)[:steps * 32], np.concatenate([y] * repeat)[:steps * 32]
+    build(HIDDEN["lightning"], 0.05).fit(x, y, epochs=1, batch_size=32, verbose=0,
+                                         callbacks=callbacks)
+    return times
+
+
+FRAMEWORKS = {"lightning": _lightning_fit, "transformers": _transformers_fit,
+              "keras": _keras_fit}
 
 
 def compare(framework: str, rounds: int, steps: int, warmup: int, clock: Any) -> dict[str, Any]:
@@ -175,7 +233,8 @@ def compare(framework: str, rounds: int, steps: int, warmup: int, clock: Any) ->
               file=sys.stderr, flush=True)
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     return {"framework": framework, "rounds": rounds, "steps": steps, "warmup": warmup,
-            "hidden": HIDDEN.get(framework), "median_step_ms_alone": statistics.median(medians["alone"]),
+            "hidden": HIDDEN.get("lightning" if framework == "keras" else framework),
+            "median_step_ms_alone": statistics.median(medians["alone"]),
             "median_step_ms_prudent": statistics.median(medians["prudent"]),
             "callback_us_per_step": statistics.median(hook_us),
             "callback_share": statistics.median(hook_us) / 1e3 / statistics.median(medians["alone"]),
@@ -191,7 +250,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall")
-    parser.add_argument("--hidden", type=int, default=64, help="the Lightning MLP's width")
+    parser.add_argument("--hidden", type=int, default=64,
+                        help="the Lightning and Keras digits MLPs' width")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     HIDDEN["lightning"] = args.hidden
