@@ -90,7 +90,8 @@ def test_validation_that_worsens_while_training_improves_stops_as_overfitting(ho
     val = iter([1.0, 0.8, 0.7, 0.75, 0.8, 0.9, 1.0, 1.1])
     train(run, epochs=8, after_epoch=lambda epoch: run.log(val_loss=next(val)))
     assert run.stop_reason == "rule:overfitting" and run.state.epoch == 5
-    (event,) = rule_events(home, run)
+    # early_stopping, sized to this 8-evaluation run (patience 3), agrees at the same check
+    (event,) = [e for e in rule_events(home, run) if e["name"] == "overfitting"]
     assert "val_loss 0.9 at step 192 is worse than its best 0.7 (step 96) for 3 evaluations" \
         in event["message"] and "while the training loss fell" in event["message"]
 
@@ -168,3 +169,16 @@ def test_disabled_monitoring_adds_no_component(home: Path) -> None:
     with run2:
         pass
     assert any(isinstance(c, Monitor) for c in run2.context.components)
+
+
+def test_checks_come_at_least_every_fiftieth_of_a_short_run_whatever_the_step_time(
+        home: Path) -> None:
+    settings = make_settings(home)  # max_check_every_steps left to its default (100)
+    component = Monitor(settings.monitor, stream=io.StringIO())
+    run = prudent.init(name="mon", settings=settings, exit_on_stop=False, components=[component])
+    train(run, epochs=15)  # 32 steps an epoch: 480 planned, microsecond steps
+    assert component.stats.max_check_every == 10  # 480 // 50 is 9: never below check_every_steps
+    assert component.stats.check_every <= 10
+    long = Monitor(make_settings(home, monitor={"max_check_every_steps": 40}).monitor)
+    long.stats.max_check_every = 40
+    assert long.settings.max_check_every_steps == 40  # a value set by hand is kept as it is

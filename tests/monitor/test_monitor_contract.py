@@ -172,3 +172,21 @@ def test_exploding_gradient_baseline_is_the_median_of_its_last_window_of_norms()
     assert resumed._ordered == sorted(norms[-7:])  # type: ignore[attr-defined]
     assert _median(resumed._ordered) == statistics.median(norms[-7:])  # type: ignore[attr-defined]
     assert _median([1.0, 2.0, 3.0, 4.0]) == 2.5
+
+
+def test_a_gradient_norm_that_grows_while_the_loss_reaches_new_lows_is_not_an_explosion() -> None:
+    def first_firing(loss_of: object) -> int | None:
+        rule_ = make("exploding_gradient", warmup_steps=0)
+        for start in range(1, 400, 10):
+            steps = list(range(start, start + 10))
+            norms = [0.1 if step < 200 else 5.0 for step in steps]  # 50x from step 200 on
+            found = rule_.check(Window(steps=steps, loss=[loss_of(s) for s in steps],  # type: ignore[operator]
+                                       grad_norm=norms))
+            if found is not None:
+                return found.step
+        return None
+
+    # SGD with momentum leaving its small initial weights: the norm grows, the loss keeps falling
+    assert first_firing(lambda step: 2.3 / (1 + step / 50)) is None
+    # the same norms with a loss that stopped falling: an explosion, judged at once
+    assert first_firing(lambda step: 2.3 / (1 + min(step, 190) / 50)) == 201

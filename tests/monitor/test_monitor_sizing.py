@@ -31,11 +31,11 @@ def memory(step: int, mb: float, wall: float, available_mb: float | None) -> Mem
 
 def test_memory_growth_projects_the_out_of_memory_and_acts_within_the_horizon() -> None:
     rule = MemoryGrowthRule(MemoryGrowthRule.Settings(warmup_steps=0, horizon_s="10min"))
-    rule.fit(448)  # window: 20 samples
+    rule.fit(448)  # window: 12 samples
     found = None
     for i in range(1, 21):  # 2 MB a step, a step every 0.1 s: 20 MB/s against 3 GB left
         found = found or rule.check(Window(memory=[memory(5 * i, 500 + 10 * i, 0.5 * i, 3000)]))
-    assert found is not None and found.step == 50  # 10 samples in (half the window), OOM soon
+    assert found is not None and found.step == 30  # 6 samples in (half the window), OOM soon
     assert "run out in about 2.5 min (within the 10 min horizon)" in found.message
 
 
@@ -70,3 +70,47 @@ def test_memory_is_sampled_by_time_when_steps_are_slow() -> None:
     assert len(stats.take_window().memory) == 1  # 50 s since the start: one sample by time
     stats.fit(2000)
     assert stats.memory_every == 20
+
+
+def _flat_after(rule: LossNotDecreasingRule, start: float, floor: float, steps: int) -> int | None:
+    """Feed a loss falling from ``start`` to ``floor`` by step 300 and flat (±1% noise) after;
+    the step the rule fires at, or None."""
+    import random
+
+    noise = random.Random(0)
+    for first in range(1, steps + 1, 10):
+        losses = [max(floor, start - (start - floor) * s / 300) * noise.uniform(0.99, 1.01)
+                  for s in range(first, first + 10)]
+        found = rule.check(Window(steps=list(range(first, first + 10)), loss=losses))
+        if found is not None:
+            return found.step
+    return None
+
+
+def test_a_converged_plateau_is_not_a_stuck_loss_but_a_loss_that_never_fell_is() -> None:
+    settings = LossNotDecreasingRule.Settings(warmup_steps=0, window=100, patience=3)
+    # fell from 2.2 to 0.85, then flat for 2,700 steps: converged (healthy_sparse_eval)
+    assert _flat_after(LossNotDecreasingRule(settings), 2.2, 0.85, 3000) is None
+    # 2% below where it started, then flat: stuck (shuffled labels)
+    found = _flat_after(LossNotDecreasingRule(settings), 2.32, 2.28, 3000)
+    assert found is not None and found <= 800
+    # with max_progress 1, every plateau is judged (the rule as it was)
+    judge_all = LossNotDecreasingRule.Settings(warmup_steps=0, window=100, patience=3,
+                                               max_progress=1)
+    assert _flat_after(LossNotDecreasingRule(judge_all), 2.2, 0.85, 3000) is not None
+
+
+def test_early_stopping_patience_is_sized_to_the_evaluations_the_run_plans() -> None:
+    from prudent.monitor.base import EvalSample
+    from prudent.monitor.rules import EarlyStoppingRule
+
+    def patience(planned: int, every: int, **given: int) -> int:
+        rule = EarlyStoppingRule(EarlyStoppingRule.Settings(**given))
+        rule.fit(planned)
+        rule.check(Window(evals=[EvalSample(every, {"val_acc": 0.1}, None)]))
+        return rule.settings.patience
+
+    assert patience(2260, 113) == 3  # 20 evaluations: 3 (Lightning's default), not 5 of 20
+    assert patience(3072, 768) == 3  # 4 evaluations
+    assert patience(100_000, 100) == 5  # 1,000 evaluations: the default
+    assert patience(2260, 113, patience=7) == 7  # a value set by hand is kept

@@ -160,7 +160,8 @@ class MonitorSettings(BaseModel):
     @model_validator(mode="after")
     def _check_interval_range(self) -> MonitorSettings:
         if self.max_check_every_steps is None:
-            self.max_check_every_steps = 10 * self.check_every_steps
+            # not through setattr: the field stays unset, so the monitor may size it to the run
+            self.__dict__["max_check_every_steps"] = 10 * self.check_every_steps
         elif self.max_check_every_steps < self.check_every_steps:
             raise ValueError(f"max_check_every_steps={self.max_check_every_steps} is below "
                              f"check_every_steps={self.check_every_steps}: make it at least that")

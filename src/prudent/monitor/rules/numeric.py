@@ -97,18 +97,22 @@ class ExplodingGradientSettings(RuleSettings):
 
 
 class ExplodingGradientRule(Rule):
-    """The global gradient norm rose far above its recent median and stayed there."""
+    """The global gradient norm rose far above its recent median and stayed there, while the
+    loss stopped improving (a norm that grows while the loss reaches new lows is a model leaving
+    its small initial weights: SGD with momentum at lr 0.1 does that on a healthy run)."""
 
     name = "exploding_gradient"
     needs = frozenset({"steps"})
     Settings = ExplodingGradientSettings
     settings: ExplodingGradientSettings
-    state_fields = ("history", "above")
+    state_fields = ("history", "above", "loss_low")
 
     def __init__(self, settings: ExplodingGradientSettings | None = None) -> None:
         super().__init__(settings)
         self.history: deque[float] = deque(maxlen=self.settings.window)
         self.above = 0
+        self.loss_low: float | None = None  # the lowest mean loss of a check's window
+        self._improving = False
         self._ordered: list[float] = []  # history, sorted: a median without sorting each check
 
     def fit(self, planned_steps: int) -> str | None:
@@ -118,6 +122,12 @@ class ExplodingGradientRule(Rule):
     def check(self, window: Window) -> Finding | None:
         # the baseline is fixed per window: one median per check, not one per step
         baseline = _median(self._ordered) if len(self._ordered) >= 5 else None
+        losses = window.finite_losses()
+        self._improving = False
+        if losses:
+            mean = sum(v for _, v in losses) / len(losses)
+            self._improving = self.loss_low is not None and mean < self.loss_low
+            self.loss_low = mean if self.loss_low is None else min(self.loss_low, mean)
         for step, norm in window.grad_norms():
             if not math.isfinite(norm):
                 continue
@@ -153,7 +163,7 @@ class ExplodingGradientRule(Rule):
             self.above = 0
             return None
         self.above += 1
-        if self.above < s.patience:
+        if self.above < s.patience or self._improving:  # learning: judged again next window
             return None
         return Finding(step, norm, s.factor * baseline, (
             f"gradient norm {fmt(norm)} at step {step} is {norm / baseline:.3g}x its median "

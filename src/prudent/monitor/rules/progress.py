@@ -35,6 +35,11 @@ class LossNotDecreasingSettings(RuleSettings):
                              "starts a new level (new data at an epoch boundary, a restarted "
                              "schedule): progress is then judged from there (a loss that climbs "
                              "for good is divergence's business).")
+    max_progress: float = Field(0.1, gt=0, le=1, description="Only a loss still within this "
+                                "fraction of where it started (the median of its first block) "
+                                "is stuck: one that fell further and then flattened has "
+                                "converged, which is success (0.1 = 10%; 1: judge every "
+                                "plateau).")
 
 
 class LossNotDecreasingRule(Rule):
@@ -46,7 +51,8 @@ class LossNotDecreasingRule(Rule):
     needs = frozenset({"steps"})
     Settings = LossNotDecreasingSettings
     settings: LossNotDecreasingSettings
-    state_fields = ("block_sum", "block_count", "best", "best_step", "waited")
+    state_fields = ("block_sum", "block_count", "best", "best_step", "waited", "first",
+                    "first_values")
 
     def __init__(self, settings: LossNotDecreasingSettings | None = None) -> None:
         super().__init__(settings)
@@ -55,6 +61,8 @@ class LossNotDecreasingRule(Rule):
         self.best: float | None = None
         self.best_step = 0
         self.waited = 0
+        self.first: float | None = None  # the median loss of the first block: where it started
+        self.first_values: list[float] = []
 
     def fit(self, planned_steps: int) -> str | None:
         patience = self.settings.patience  # 3 stopped converged healthy runs: not sized
@@ -80,6 +88,8 @@ class LossNotDecreasingRule(Rule):
             start = next((i for i, (step, _) in enumerate(losses) if step > warmup), len(losses))
         while start < len(losses):  # a block's worth at a time: sums at C speed
             chunk = losses[start:start + self.settings.window - self.block_count]
+            if self.first is None:
+                self.first_values.extend(map(_second, chunk))
             self.block_sum = sum(map(_second, chunk), self.block_sum)
             self.block_count += len(chunk)
             start += len(chunk)
@@ -94,18 +104,30 @@ class LossNotDecreasingRule(Rule):
         s = self.settings
         mean = self.block_sum / self.block_count
         self.block_sum, self.block_count = 0.0, 0
+        if self.first is None:  # the median: a few exploding steps do not make a start
+            ordered = sorted(self.first_values)
+            self.first, self.first_values = ordered[len(ordered) // 2], []
         if (self.best is None or mean < self.best - s.min_improvement * abs(self.best)
                 or mean > self.best + s.new_level * abs(self.best)):
             self.best, self.best_step, self.waited = mean, step, 0
             return None
         self.waited = 0 if tail else self.waited + 1
-        if self.waited < s.patience:
+        if self.waited < s.patience or self._converged():
             return None
         target = self.best - s.min_improvement * abs(self.best)
         return Finding(step, mean, target, (
             f"loss has not improved by {s.min_improvement:.0%} for {self.waited * s.window} "
             f"steps: its mean over the {s.window} steps to step {step} is {fmt(mean)}, the best "
-            f"such mean {fmt(self.best)} (to step {self.best_step})"))
+            f"such mean {fmt(self.best)} (to step {self.best_step}); it started at "
+            f"{fmt(self.first)}"))
+
+    def _converged(self) -> bool:
+        """The best block fell more than ``max_progress`` below the start: a plateau there is
+        a run that has learned what it could (a healthy run converging early at a constant
+        learning rate), not one that never learned."""
+        if self.first is None or self.best is None:
+            return False
+        return self.best < self.first - self.settings.max_progress * abs(self.first)
 
 
 class DivergenceSettings(RuleSettings):

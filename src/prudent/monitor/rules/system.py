@@ -64,9 +64,9 @@ class MemoryGrowthRule(Rule):
         self.device: deque[list[float]] = deque(maxlen=self.settings.window)
 
     def fit(self, planned_steps: int) -> str | None:
-        # samples every ~1% of the run (StepStats.fit): 20 of them span a fifth of it
+        # samples every ~1% of the run (StepStats.fit): 12 of them span an eighth of it
         self.sized(planned_steps, warmup_steps=min(100, planned_steps // 20),
-                   window=20 if planned_steps < 10_000 else 10)
+                   window=12 if planned_steps < 10_000 else 10)
         for name in ("host", "device"):
             setattr(self, name, deque(getattr(self, name), maxlen=self.settings.window))
         return None
