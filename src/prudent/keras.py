@@ -219,8 +219,12 @@ class PrudentCallback(keras.callbacks.Callback):
             self.model.stop_training = True  # preflight's smoke run: two short epochs
 
     def _stop_if(self, stop: Any) -> None:
-        if stop is not None:
-            self.model.stop_training = True
+        if stop is None or self.model.stop_training:
+            return
+        self.model.stop_training = True
+        # Keras still validates the epoch it breaks off before fit returns: not when the
+        # machine is going away or the weights are worthless (the stop's checkpoint is saved)
+        self.model.evaluate = _no_evaluation
 
     # the end --------------------------------------------------------------------------------
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
@@ -236,7 +240,12 @@ class PrudentCallback(keras.callbacks.Callback):
         if self._tracker is not None:
             del self._tracker.update_state
             self._tracker = None
+        if "evaluate" in vars(model):
+            del model.evaluate
         if self._train_function is not None:
             model.train_function = self._train_function
             self._train_function = None
 
+
+def _no_evaluation(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {}

@@ -46,9 +46,18 @@ def test_a_stop_checkpoints_what_backup_and_restore_reads_then_stops_fit_with_ex
     cb.adapter.ctx.add_component(StopAtStep(5))
     x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
     model = _model()
+    evaluations = []
+
+    class Evaluations(keras.callbacks.Callback):
+        def on_test_begin(self, logs=None):
+            evaluations.append(1)
+
     with pytest.raises(SystemExit) as exited:
-        model.fit(x, x[:, :1], epochs=3, batch_size=8, verbose=0, callbacks=[cb])
+        model.fit(x, x[:, :1], epochs=3, batch_size=8, verbose=0, validation_data=(x, x[:, :1]),
+                  callbacks=[Evaluations(), cb])
     assert exited.value.code == 75 and cb.run.stop_reason == "preempted"
+    assert not evaluations  # the broken-off epoch is not validated after the stop
+    assert "evaluate" not in vars(model)  # the model is as it was
     assert int(_numpy(model.optimizer.iterations)) == 5  # stopped at once
     # the config took fit's settings; the run's learning rate reached the optimizer
     assert cb.config["epochs"] == 3 and cb.config["steps_per_epoch"] == 8
