@@ -43,6 +43,8 @@ def test_a_healthy_keras_run_is_recorded_with_metrics_profile_and_cost(project: 
     assert run["profile"]["num_steps"] == 23 and run["profile"]["breakdown"]["compute"]["s"] > 0
     assert run["cost"]["attempts"] == 1
     assert [e for e in _events(run, "checkpoint") if e[2] == "saved"]
+    profile = project.prudent("profile", "healthy")
+    assert profile.returncode == 0 and "steps" in profile.stdout, profile.stderr
 
 
 @pytest.mark.slow
