@@ -1,8 +1,8 @@
 """examples/keras_digits.py's model and data with the knobs the adapter's e2e tests need:
 `nan_at_step` puts a NaN into one batch (an input layer adds a variable the knob sets to NaN
 for that step), `sleep_s` slows each step so a test can signal it mid-epoch, `out` is where the
-final weights and optimizer state go (.npz). Each optimizer step appends "<pid> <step>" to
-steps.log.
+final weights and optimizer state go (.npz), `dropout` adds a Dropout layer. Each optimizer
+step appends "<pid> <step>" to steps.log.
 """
 
 import os
@@ -54,12 +54,13 @@ class Knobs(keras.callbacks.Callback):
 
 cb = PrudentCallback(name="keras-train", config={
     "learning_rate": 0.05, "hidden": 32, "epochs": 3, "batch_size": 64, "nan_at_step": -1,
-    "sleep_s": 0.0, "out": "final.npz"})
+    "sleep_s": 0.0, "out": "final.npz", "dropout": 0.0})
 cfg = cb.config
 keras.utils.set_random_seed(0)
 (x, y), (xv, yv) = digits()
 model = keras.Sequential([keras.Input((64,)), Poison(),
                           keras.layers.Dense(cfg["hidden"], activation="relu"),
+                          *([keras.layers.Dropout(cfg["dropout"])] if cfg["dropout"] else []),
                           keras.layers.Dense(10)])
 model.compile(optimizer=keras.optimizers.SGD(cfg["learning_rate"], momentum=0.9),
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
