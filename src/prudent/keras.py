@@ -55,7 +55,8 @@ class PrudentCallback(keras.callbacks.Callback):
     Building it starts the run (``prudent.init(name, config, **init_kwargs)``), so
     :attr:`config` is known before the model is built: read the hyperparameters from it.
     ``fit``'s own settings (epochs, batch size, steps per epoch) and the optimizer's learning
-    rate join the run's config when ``fit`` starts (``prudent show`` lists them).
+    rate join the run's config when ``fit`` starts (``prudent show`` lists them). Put it last in
+    ``callbacks``: a stopped run's exit code is raised from its ``on_train_end``.
     """
 
     def __init__(self, name: str | None = None, config: dict[str, Any] | None = None, *,
@@ -205,15 +206,19 @@ class PrudentCallback(keras.callbacks.Callback):
         metrics = {"loss": loss} if loss is not None else {}
         self._stop_if(self.adapter.step_end(**metrics))
 
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        """Nothing to do; defined so that Keras does not run evaluation callbacks on a thread
+        pool: a stop ends the process from ``on_train_end``, before Keras shuts that pool."""
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.adapter.stop is not None:
             return
-        self._batch = 0
+        # the epoch's training is done: a checkpoint from here on (one an evaluation asks
+        # for, too) resumes at the next epoch, from the generators as they are now
+        self._epoch, self._batch, self._epoch_rng = epoch + 1, 0, None
         evaluation = {k: v for k, v in (logs or {}).items() if k.startswith("val_")}
         if evaluation:
             self._stop_if(self.adapter.log(**evaluation))
-        self._epoch = epoch + 1
-        self._epoch_rng = None
         self._stop_if(self.adapter.epoch_end(epoch))
         if self._smoke_steps is not None and epoch >= 1:  # epochs 0 and 1, resumed or not
             self.model.stop_training = True  # preflight's smoke run: two short epochs

@@ -13,6 +13,7 @@ import pytest
 
 from prudent.checkpoint.storage import LocalStorage
 from prudent.checkpoint.writer import load_latest
+from prudent.events import Component
 from prudent.testing import StopAtStep, make_settings
 
 if importlib.util.find_spec("keras") is None:
@@ -64,23 +65,51 @@ def test_a_stop_checkpoints_what_backup_and_restore_reads_then_stops_fit_with_ex
     assert float(_numpy(model.optimizer.learning_rate)) == \
         pytest.approx(0.05)
 
-    checkpoint = load_latest(LocalStorage(cb.adapter.ctx.run_dir / "checkpoints"))
-    assert checkpoint is not None and checkpoint.payload
-    carried = next(v for v in _walk(checkpoint.payload) if "entry" in v)
-    backup = tmp_path / "backup"
-    for name, data in carried["files"].items():
-        (backup / name).parent.mkdir(parents=True, exist_ok=True)
-        (backup / name).write_bytes(data)
-    meta = json.loads((backup / carried["entry"] / "training_metadata.json").read_text())
+    backup = _backup(cb, tmp_path / "backup")
+    meta = json.loads((backup / "training_metadata.json").read_text())
     assert meta == {"epoch": 0, "batch": 5}
     # Keras' own BackupAndRestore takes the folder: weights and the optimizer's state
     fresh = _model()
-    restore = keras.callbacks.BackupAndRestore(str(backup / carried["entry"]))
+    restore = keras.callbacks.BackupAndRestore(str(backup))
     restore.set_model(fresh)
     restore.on_train_begin()
     for a, b in zip(model.weights + model.optimizer.variables,
                     fresh.weights + fresh.optimizer.variables, strict=True):
         np.testing.assert_array_equal(_numpy(a), _numpy(b))
+
+
+class StopAtFirstEvaluation(Component):
+    name = "stop_at_first_evaluation"
+
+    def on_log(self, ctx, metrics) -> None:
+        ctx.request_stop("preempted", "stopping at the first evaluation")
+
+
+def test_a_checkpoint_at_an_epochs_evaluation_resumes_at_the_next_epoch(tmp_path: Path) -> None:
+    from prudent.keras import PrudentCallback
+
+    cb = PrudentCallback("toy", {}, settings=make_settings(tmp_path, console={"mode": "off"}))
+    cb.adapter.ctx.add_component(StopAtFirstEvaluation())
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    model = _model()
+    with pytest.raises(SystemExit) as exited:
+        model.fit(x, x[:, :1], epochs=3, batch_size=8, verbose=0,
+                  validation_data=(x, x[:, :1]), callbacks=[cb])
+    assert exited.value.code == 75 and int(_numpy(model.optimizer.iterations)) == 8
+    backup = _backup(cb, tmp_path / "backup")
+    # the first epoch was trained whole: not trained again on resume
+    assert json.loads((backup / "training_metadata.json").read_text()) == {"epoch": 1, "batch": 0}
+
+
+def _backup(cb, folder: Path) -> Path:
+    """The BackupAndRestore folder carried in the run's newest checkpoint, written out."""
+    checkpoint = load_latest(LocalStorage(cb.adapter.ctx.run_dir / "checkpoints"))
+    assert checkpoint is not None and checkpoint.payload
+    carried = next(v for v in _walk(checkpoint.payload) if "entry" in v)
+    for name, data in carried["files"].items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return folder / carried["entry"]
 
 
 def _walk(value):
