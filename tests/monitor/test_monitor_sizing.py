@@ -99,18 +99,3 @@ def test_a_converged_plateau_is_not_a_stuck_loss_but_a_loss_that_never_fell_is()
                                                max_progress=1)
     assert _flat_after(LossNotDecreasingRule(judge_all), 2.2, 0.85, 3000) is not None
 
-
-def test_early_stopping_patience_is_sized_to_the_evaluations_the_run_plans() -> None:
-    from prudent.monitor.base import EvalSample
-    from prudent.monitor.rules import EarlyStoppingRule
-
-    def patience(planned: int, every: int, **given: int) -> int:
-        rule = EarlyStoppingRule(EarlyStoppingRule.Settings(**given))
-        rule.fit(planned)
-        rule.check(Window(evals=[EvalSample(every, {"val_acc": 0.1}, None)]))
-        return rule.settings.patience
-
-    assert patience(2260, 113) == 3  # 20 evaluations: 3 (Lightning's default), not 5 of 20
-    assert patience(3072, 768) == 3  # 4 evaluations
-    assert patience(100_000, 100) == 5  # 1,000 evaluations: the default
-    assert patience(2260, 113, patience=7) == 7  # a value set by hand is kept

@@ -64,20 +64,6 @@ class EarlyStoppingRule(Rule):
         self.num_evals = 0
         self.improved = False
         self.judged = False  # saw the metric at least once (kept when the rule starts over)
-        self.planned_steps: int | None = None
-
-    def fit(self, planned_steps: int) -> str | None:
-        self.planned_steps = planned_steps  # patience is sized at the first evaluation
-        return None
-
-    def _size_patience(self, first_eval_step: int) -> None:
-        """Patience sized to the evaluations the run plans (its length over the first
-        evaluation's step): 3 (Lightning's default) up to 18 evaluations, then a sixth of
-        them, at most 5: waiting 5 of 20 evaluations is a quarter of the run."""
-        if self.planned_steps is None or first_eval_step <= 0:
-            return
-        planned_evals = self.planned_steps // first_eval_step
-        self.sized(self.planned_steps, patience=min(5, max(3, planned_evals // 6)))
 
     def sign(self, metric: str) -> float:
         mode = self.settings.mode
@@ -104,8 +90,6 @@ class EarlyStoppingRule(Rule):
         assert metric is not None and value is not None
         score = self.sign(metric) * value
         self.num_evals += 1
-        if self.num_evals == 1:
-            self._size_patience(sample.step)
         self.judged = True
         reference = self.best
         if s.baseline is not None:
