@@ -196,15 +196,8 @@ def test_sick_run_is_caught_by_its_rule_slow(slow: dict[str, Outcome], name: str
     check_sick(slow[name])
 
 
-# a known miss (README, monitoring benchmark): a constant-rate run that converged early is
-# stopped by loss_not_decreasing after 500 steps without a 1% gain
-KNOWN_MISSES = {"healthy_sparse_eval": "loss_not_decreasing stops a run that converged early"}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [
-    pytest.param(s.name, marks=pytest.mark.xfail(reason=KNOWN_MISSES[s.name], strict=True))
-    if s.name in KNOWN_MISSES else s.name for s in SLOW if not s.rule])
+@pytest.mark.parametrize("name", [s.name for s in SLOW if not s.rule])
 def test_healthy_run_raises_nothing_slow(slow: dict[str, Outcome], name: str) -> None:
     check_healthy(slow[name])
 
