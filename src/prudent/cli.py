@@ -164,11 +164,15 @@ def _open_store(config: str | None) -> Store:
 
 
 def _summary(store: Store, run: dict[str, Any]) -> dict[str, Any]:
+    from prudent.profile.component import PROFILE_METRICS  # the machine's series: not metrics
+
     ended = run["ended_at"] or (time.time() if run["status"] == "running" else None)
+    metrics = {name: value for name, value in store.last_metrics(run["id"]).items()
+               if not name.startswith(PROFILE_METRICS)}
     return {
         "id": run["id"], "name": run["name"], "status": run["status"],
         "stop_reason": run["stop_reason"], "config": run["config"],
-        "metrics": store.last_metrics(run["id"]), "restarts": run["restarts"],
+        "metrics": metrics, "restarts": run["restarts"],
         "cost_usd": run["cost_usd"], "cost": cost_commands.breakdown(store, run["id"]),
         "step": run["step"], "epoch": run["epoch"],
         "host": run["host"], "command": run["command"], "exit_code": run["exit_code"],

@@ -352,10 +352,12 @@ class Store:
                 .where(metrics.c.run_id == run_id, metrics.c.name == name).order_by(metrics.c.id))
         return [(step, value) for step, value in self._read(lambda c: c.execute(stmt).all())]
 
-    def count_metrics(self, run_id: str | None = None) -> int:
+    def count_metrics(self, run_id: str | None = None, name: str | None = None) -> int:
         stmt = sa.select(sa.func.count()).select_from(metrics)
         if run_id is not None:
             stmt = stmt.where(metrics.c.run_id == run_id)
+        if name is not None:
+            stmt = stmt.where(metrics.c.name == name)
         return int(self._read(lambda conn: conn.execute(stmt).scalar_one()))
 
     def events(self, run_id: str) -> list[dict[str, Any]]:

@@ -24,12 +24,12 @@ NO_CHECKPOINTS = FAST_SAMPLING + "checkpoint: {enabled: false}\n"
 
 
 def run_scenario(project: Project, run_id: str, scenario: str, *extra: str,
-                 settings: str = NO_CHECKPOINTS) -> tuple[dict[str, Any], str]:
+                 settings: str = NO_CHECKPOINTS, exit_code: int = 0) -> tuple[dict[str, Any], str]:
     """`prudent run` one scenario; returns its profile.json and the console output."""
     (project.path / "prudent.yaml").write_text(settings)
     result = project.prudent("run", "--run-id", run_id, "--set", f"scenario={scenario}", *extra,
                              "--", sys.executable, script("profile_bottlenecks.py"))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == exit_code, result.stderr
     profile = json.loads((project.path / ".prudent" / "runs" / run_id / "profile.json").read_text())
     return profile, result.stderr
 
@@ -87,10 +87,13 @@ def test_stall_every_ten_steps_is_step_outliers_with_the_period(project: Project
 
 @pytest.mark.slow
 def test_tensors_kept_across_steps_are_memory_growth(project: Project) -> None:
-    profile, _ = run_scenario(project, "leak", "leak", "--set", "steps=150")
+    # the monitor's memory_growth rule stops such a run (exit 3) before the planned 400 steps;
+    # the profile written at the stop names the same cause
+    profile, stderr = run_scenario(project, "leak", "leak", "--set", "steps=400", exit_code=3)
+    assert "stopped (rule:memory_growth)" in stderr
     assert finding_ids(profile) == ["memory_growth"]
     evidence = profile["findings"][0]["evidence"]
-    assert evidence["series"] == "rss_mb" and evidence["growth_mb"] > 150  # 2 MB x 150 steps
+    assert evidence["series"] == "rss_mb" and evidence["growth_mb"] > 150  # 2 MB a step
 
 
 @pytest.mark.slow

@@ -60,9 +60,9 @@ def test_two_machines_writing_one_run_and_two_others_at_once_lose_no_rows(
     store = Store(pg_url)
     shared = store.get_run("shared")
     assert shared is not None and (shared["status"], shared["restarts"]) == ("completed", 1)
-    assert [store.count_metrics(r) for r in ("shared", "only-a", "only-b")] == \
+    assert [store.count_metrics(r, "value") for r in ("shared", "only-a", "only-b")] == \
         [2 * steps, steps, steps]
-    assert store.count_metrics() == 4 * steps  # 12,000 rows written by 4 processes, 0 lost
+    assert store.count_metrics(name="value") == 4 * steps  # 12,000 rows by 4 processes, 0 lost
     for run_id, attempts in [("shared", 2), ("only-a", 1), ("only-b", 1)]:
         names = [(e["kind"], e["name"]) for e in store.events(run_id)]
         assert names.count(("lifecycle", "start")) == attempts, names
@@ -148,7 +148,7 @@ def test_database_going_away_mid_run_does_not_stop_training(
     assert code == 0, err
     store = Store(pg_url)
     assert (store.get_run("outage") or {})["status"] == "completed"
-    assert store.count_metrics("outage") == steps  # every row kept and written after the outage
+    assert store.count_metrics("outage", "loss") == steps  # every row kept, written after it
     (outage,) = [e for e in store.events("outage") if (e["kind"], e["name"]) == ("store", "outage")]
     assert outage["payload"]["rows_dropped"] == 0 and outage["payload"]["seconds"] > 1.0
     store.close()

@@ -120,7 +120,7 @@ def test_run_page_draws_the_loss_curve_with_the_rule_firing_on_it(
     assert "rule:non_finite" in page.locator("#verdict").inner_text()
     assert page.locator("#events tr[data-kind=rule]").count() == 1
     # where the time went, over the run: one stacked trace per category the profiler split
-    page.locator("#split .scatterlayer .trace").first.wait_for(timeout=10_000)
+    page.locator("#split .scatterlayer .trace").first.wait_for(state="attached", timeout=10_000)
     assert page.locator("#split .scatterlayer .trace").count() == 5
     _shoot(page, screenshots, "run")
 
