@@ -342,3 +342,23 @@ def test_a_write_gives_up_when_the_server_stays_away(postgres: PostgresServer,
     finally:
         postgres.start()
     store.close()
+
+
+def test_metric_rows_are_rolled_up_with_them_and_forgotten_with_the_run(store: Store) -> None:
+    from prudent.store import ROLLUP_WIDTHS, metric_rollup
+
+    store.create_run("r1", "one")
+    rows = [{"run_id": "r1", "step": s, "name": "loss", "wall": 0.0,
+             "value": float("nan") if s == 500 else float(s % 97)} for s in range(1000)]
+    store.add_metrics(rows[:333])  # a bucket across two batches: two rows, merged when read
+    store.add_records(rows[333:], [])
+    r = metric_rollup.c
+    for width in ROLLUP_WIDTHS:
+        stmt = sa.select(sa.func.sum(r.num), sa.func.sum(r.num_values), sa.func.min(r.first_step),
+                         sa.func.max(r.last_step), sa.func.min(r.low), sa.func.max(r.high)
+                         ).where(r.run_id == "r1", r.width == width)
+        with store.engine.connect() as conn:
+            assert tuple(conn.execute(stmt).one()) == (1000, 999, 0, 999, 0.0, 96.0), width
+    store.delete_run("r1")
+    with store.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(metric_rollup)).scalar() == 0

@@ -1,12 +1,14 @@
 """Metric series small enough to draw, with every extreme still visible.
 
 A run's steps are cut into at most ``num_buckets`` equal step ranges and the database returns,
-per metric and range, the count, the first and last step, the smallest and the largest value
-(one aggregate query over the run's rows, whatever their number: a million rows never cross
-into Python). A range holding one point gives that point exactly; a range holding more gives
-two points, its minimum and its maximum, so a spike or a dip is never averaged away (the
-min/max envelope that M4 and Plotly's own resamplers draw). A run with fewer steps than
-buckets comes back exact.
+per metric and range, the count, the first and last step, the smallest and the largest value.
+Those come from the store's ``metric_rollup`` (the same sums kept at write time per 16, 64,
+256, ... 65536 steps: a million-point run reads a few thousand rows, its range width rounded up
+to a multiple of the rollup's, at most a quarter wider), or, for a run written before the rollup existed or one
+short enough to need finer ranges, from one aggregate query over the run's rows. A range
+holding one point gives that point exactly; a range holding more gives two points, its minimum
+and its maximum, so a spike or a dip is never averaged away (the min/max envelope that M4 and
+Plotly's own resamplers draw). A run with fewer steps than buckets comes back exact.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from prudent.report.reader import ReadOnlyStore
+from prudent.store import ROLLUP_WIDTHS, metric_rollup
 from prudent.store import metrics as metrics_table
 
 __all__ = ["DEFAULT_BUCKETS", "PROFILE_PREFIX", "Series", "envelope", "profile_timeline",
@@ -34,6 +37,9 @@ def run_series(store: ReadOnlyStore, run_id: str, last_step: int,
                num_buckets: int = DEFAULT_BUCKETS) -> list[Series]:
     """Every metric of the run, each at most ``2 * num_buckets`` points, by name."""
     width = max(1, math.ceil((max(last_step, 1) + 1) / num_buckets))
+    level = max((w for w in ROLLUP_WIDTHS if w <= width), default=None)
+    if level is not None and store.rollup_covers(run_id):
+        return _rolled_up_series(store, run_id, level, math.ceil(width / level) * level)
     m = metrics_table.c
     bucket = (m.step // width).label("bucket") if width > 1 else m.step.label("bucket")
     stmt = (sa.select(m.name, bucket, sa.func.count(), sa.func.min(m.step), sa.func.max(m.step),
@@ -45,11 +51,30 @@ def run_series(store: ReadOnlyStore, run_id: str, last_step: int,
     return [envelope(name, rows) for name, rows in grouped.items()]
 
 
+def _rolled_up_series(store: ReadOnlyStore, run_id: str, level: int, width: int
+                      ) -> list[Series]:
+    r = metric_rollup.c
+    bucket = ((r.bucket * level) // width).label("bucket")
+    stmt = (sa.select(r.name, bucket, sa.func.sum(r.num), sa.func.min(r.first_step),
+                      sa.func.max(r.last_step), sa.func.min(r.low), sa.func.max(r.high),
+                      sa.func.sum(r.num_values))
+            .where(r.run_id == run_id, r.width == level)
+            .group_by(r.name, bucket).order_by(r.name, bucket))
+    grouped: dict[str, list[Sequence[Any]]] = {}
+    for row in store.read(stmt):
+        grouped.setdefault(row[0], []).append([int(v) if i in (0, 5) else v
+                                               for i, v in enumerate(row[2:])])
+    return [envelope(name, rows) for name, rows in grouped.items()]
+
+
 def profile_timeline(store: ReadOnlyStore, run_id: str, started_at: float,
                      max_points: int = MAX_TIMELINE_POINTS) -> list[dict[str, Any]]:
     """The profiler's samples as the store has them (``profile/*`` metrics, one set every few
     seconds): flat dicts ``{"t": seconds since the run started, "step", "cpu_pct", ...}``,
     averaged over equal time buckets when there are more than ``max_points``."""
+    names = store.rollup_names(run_id)
+    if names is not None and not any(n.startswith(PROFILE_PREFIX) for n in names):
+        return []  # the run has no profiler series: no pass over its rows to find none
     m = metrics_table.c
     mine = sa.and_(m.run_id == run_id, m.name.like(f"{PROFILE_PREFIX}%"))
     first, last = store.read(sa.select(sa.func.min(m.wall), sa.func.max(m.wall)).where(mine))[0]

@@ -59,6 +59,44 @@ class ReadOnlyStore(Store):
             found[name] = rows[0][0] if rows else None
         return dict(sorted(found.items()))
 
+    def rollup_covers(self, run_id: str) -> bool:
+        """Whether the store's ``metric_rollup`` holds the run's metric rows (it was written by
+        a prudent that keeps one): its first and newest rows are each in a rolled-up bucket.
+        Two index probes, never a pass over the rows."""
+        from prudent.store import ROLLUP_WIDTHS, metric_rollup, metrics
+
+        if not self._has_rollup():
+            return False
+        r, width = metric_rollup.c, ROLLUP_WIDTHS[-1]
+        for order in (metrics.c.id, metrics.c.id.desc()):
+            row = self.read(sa.select(metrics.c.step, metrics.c.name)
+                            .where(metrics.c.run_id == run_id).order_by(order).limit(1))
+            if not row:
+                return False
+            step, name = row[0]
+            found = self.read(sa.select(r.id).where(
+                r.run_id == run_id, r.width == width, r.bucket == step // width, r.name == name,
+                r.first_step <= step, r.last_step >= step).limit(1))
+            if not found:
+                return False
+        return True
+
+    def rollup_names(self, run_id: str) -> set[str] | None:
+        """The run's metric names from the rollup (a few rows), None when it has none."""
+        from prudent.store import ROLLUP_WIDTHS, metric_rollup
+
+        if not self.rollup_covers(run_id):
+            return None
+        r = metric_rollup.c
+        rows = self.read(sa.select(r.name).distinct().where(r.run_id == run_id,
+                                                            r.width == ROLLUP_WIDTHS[-1]))
+        return {row[0] for row in rows}
+
+    def _has_rollup(self) -> bool:
+        if not getattr(self, "_rollup_seen", False):  # once there, it stays
+            self._rollup_seen = self._read(lambda c: sa.inspect(c).has_table("metric_rollup"))
+        return self._rollup_seen
+
     def metrics_token(self, run_id: str) -> str:
         """Changes whenever the run gains a metric or an event: what the live page polls."""
         from prudent.store import events, metrics
