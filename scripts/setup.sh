@@ -9,3 +9,11 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
 "${pip[@]}" install "torch==2.13.0"
 "${pip[@]}" install -e ".[dev,examples,tune,ui,lightning,transformers,keras,bench]" "$@"
+# The report's and dashboard's chart bundle (Plotly's basic partial bundle) from the npm
+# registry, pinned by src/prudent/report/package-lock.json; a wheel built after this carries it.
+# Without npm every page takes the full bundle of the plotly Python package (slower to open).
+if command -v npm >/dev/null; then
+    npm ci --prefix src/prudent/report --no-audit --no-fund --ignore-scripts --loglevel=error
+else
+    echo "setup: npm not found: prudent report/ui fall back to plotly's full bundle" >&2
+fi

@@ -190,3 +190,22 @@ def test_ui_lists_and_shows_the_studies_of_a_database_storage(tmp_path: Path) ->
     states = [t["state"] for t in page["summary"]["trials"]]
     assert sorted(states) == ["complete", "complete", "pruned"], page["summary"]["trials"]
     assert page["params"] == ["lr"]
+
+
+def test_run_pages_carry_the_basic_bundle_and_the_study_page_the_full_one() -> None:
+    """The basic bundle (npm, scripts/setup.sh) is a quarter of the full one's parse time; the
+    study page's parallel coordinates need the full one (the plotly Python package)."""
+    import os
+
+    from prudent.report.render import bundle_for, chart_js
+
+    if bundle_for("run") != "plotly-basic.min.js":
+        assert not os.environ.get("CI"), "npm ci --prefix src/prudent/report did not run"
+        pytest.skip("the basic bundle is not installed (scripts/setup.sh runs npm ci)")
+    run = page_html({"page": "run"}, "r", inline=True)
+    study = page_html({"page": "study"}, "s", inline=True)
+    basic = "plotly.js (basic - minified)"
+    assert chart_js("plotly-basic.min.js").startswith(f"/**\n* {basic}")
+    assert basic in run and basic not in study and len(run.encode()) < 1.5e6 < len(study)
+    dashboard = page_html(None, "s", inline=False, data_url="/api/studies/s", page="study")
+    assert 'src="/assets/plotly.min.js"' in dashboard

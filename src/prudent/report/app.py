@@ -20,7 +20,7 @@ from urllib.parse import quote
 from prudent.errors import ConfigError
 from prudent.report.pages import compare_page, run_page, runs_page
 from prudent.report.reader import ReadOnlyStore
-from prudent.report.render import asset, page_html, plotly_js, to_json
+from prudent.report.render import BUNDLES, asset, chart_js, page_html, to_json
 from prudent.report.study import list_studies, study_page
 from prudent.store import resolve_run
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["create_app"]
 
 _ASSETS = {"app.js": "text/javascript", "app.css": "text/css",
-           "plotly.min.js": "text/javascript"}
+           **dict.fromkeys(BUNDLES, "text/javascript")}
 
 
 class _RunCache:
@@ -92,9 +92,10 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore, studies: Any = N
         return Response(to_json(data), status_code=status, media_type="application/json",
                         headers={"Cache-Control": "no-store"})
 
-    def shell(title: str, data_url: str, live: bool, quick_url: str | None = None) -> Response:
+    def shell(title: str, data_url: str, live: bool, quick_url: str | None = None,
+              page: str = "run") -> Response:
         return HTMLResponse(page_html(None, title, inline=False, data_url=data_url, live=live,
-                                      quick_url=quick_url), headers=_SECURITY_HEADERS)
+                                      quick_url=quick_url, page=page), headers=_SECURITY_HEADERS)
 
     def runs_html(request: Request) -> Response:
         return shell("runs", "/api/runs", live=True)
@@ -147,7 +148,8 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore, studies: Any = N
 
     def study_html(request: Request) -> Response:
         name = request.path_params["name"]
-        return shell(f"study {name}", f"/api/studies/{quote(name, safe='')}", live=True)
+        return shell(f"study {name}", f"/api/studies/{quote(name, safe='')}", live=True,
+                     page="study")
 
     def study_api(request: Request) -> Response:
         try:
@@ -160,7 +162,7 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore, studies: Any = N
         name = request.path_params["name"]
         if name not in _ASSETS:
             return Response("not found", status_code=404)
-        body = plotly_js() if name == "plotly.min.js" else asset(name)
+        body = chart_js(name) if name in BUNDLES else asset(name)
         return Response(body, media_type=_ASSETS[name], headers={"Cache-Control": "max-age=3600"})
 
     routes = [Route("/", runs_html), Route("/api/runs", runs_api),

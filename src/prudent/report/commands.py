@@ -72,7 +72,7 @@ def ui(
     """A local, read-only dashboard over the store: runs, a run's curves live, compare, studies."""
     from prudent.report.app import create_app
     from prudent.report.reader import open_readonly
-    from prudent.report.render import plotly_js
+    from prudent.report.render import BUNDLES, chart_js
 
     try:
         import uvicorn
@@ -85,7 +85,8 @@ def ui(
 
         studies = open_storage(storage)
     store = open_readonly(settings.store)
-    plotly_js()  # read once now, not while the first page waits
+    for bundle in BUNDLES:  # read once now, not while the first page waits
+        chart_js(bundle)
     warning = host_warning(host, port)
     if warning:
         print(warning, file=sys.stderr)

@@ -23,7 +23,7 @@
       document.head.append(script);
     }
     if (!script) { reject(new Error('Plotly is missing')); return; }
-    script.addEventListener('load', () => resolve());
+    script.addEventListener('load', () => { performance.mark('prudent-plotly-ready'); resolve(); });
     script.addEventListener('error', () => reject(new Error('Plotly did not load')));
   });
 
