@@ -348,17 +348,39 @@ def test_metric_rows_are_rolled_up_with_them_and_forgotten_with_the_run(store: S
     from prudent.store import ROLLUP_WIDTHS, metric_rollup
 
     store.create_run("r1", "one")
-    rows = [{"run_id": "r1", "step": s, "name": "loss", "wall": 0.0,
+    rows = [{"run_id": "r1", "step": s, "name": "loss", "wall": float(s),
              "value": float("nan") if s == 500 else float(s % 97)} for s in range(1000)]
+    total = sum(float(s % 97) for s in range(1000) if s != 500)
     store.add_metrics(rows[:333])  # a bucket across two batches: two rows, merged when read
     store.add_records(rows[333:], [])
     r = metric_rollup.c
     for width in ROLLUP_WIDTHS:
         stmt = sa.select(sa.func.sum(r.num), sa.func.sum(r.num_values), sa.func.min(r.first_step),
-                         sa.func.max(r.last_step), sa.func.min(r.low), sa.func.max(r.high)
+                         sa.func.max(r.last_step), sa.func.min(r.low), sa.func.max(r.high),
+                         sa.func.sum(r.total), sa.func.max(r.wall)
                          ).where(r.run_id == "r1", r.width == width)
         with store.engine.connect() as conn:
-            assert tuple(conn.execute(stmt).one()) == (1000, 999, 0, 999, 0.0, 96.0), width
+            assert tuple(conn.execute(stmt).one()) == (1000, 999, 0, 999, 0.0, 96.0, total,
+                                                       999.0), width
     store.delete_run("r1")
     with store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(metric_rollup)).scalar() == 0
+
+
+def test_a_rollup_table_of_another_shape_is_made_anew(store: Store, store_url: str) -> None:
+    """It holds only what the metric rows give again: an older shape (a prudent from before a
+    column was added) is dropped and made anew; viewers read the runs it covered raw."""
+    from prudent.store import metric_rollup
+
+    with store.engine.begin() as conn:
+        metric_rollup.drop(conn)
+        conn.exec_driver_sql("CREATE TABLE metric_rollup (id INTEGER PRIMARY KEY, "
+                             "run_id VARCHAR(128) NOT NULL)")
+    again = Store(store_url)
+    again.create_run("r1", "one")
+    again.add_metrics([{"run_id": "r1", "step": 1, "name": "loss", "value": 1.0, "wall": 0.0}])
+    with again.engine.connect() as conn:
+        columns = {c["name"] for c in sa.inspect(conn).get_columns("metric_rollup")}
+        assert columns == set(metric_rollup.c.keys())
+        assert conn.execute(sa.select(sa.func.count()).select_from(metric_rollup)).scalar() == 7
+    again.close()

@@ -109,6 +109,8 @@ metric_rollup = sa.Table(
     sa.Column("last_step", sa.Integer, nullable=False),
     sa.Column("low", sa.Float),
     sa.Column("high", sa.Float),
+    sa.Column("total", sa.Float),  # sum of the values: a mean (the profiler's timeline)
+    sa.Column("wall", sa.Float, nullable=False),  # the newest row's wall time
     sa.Index("ix_metric_rollup_run_width", "run_id", "width"),
 )
 ROLLUP_WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)
@@ -284,9 +286,7 @@ class Store:
                 MIGRATIONS[version](conn)
                 conn.execute(schema_info.delete())
                 conn.execute(schema_info.insert().values(id=1, version=version))
-            # Added beside version 2, not as version 3: a prudent that predates it still opens
-            # the store (its rows simply have no rollup, and viewers read them raw).
-            metric_rollup.create(conn, checkfirst=True)
+            _ensure_rollup(conn)
 
     @staticmethod
     def _version(conn: sa.Connection) -> int:
@@ -418,26 +418,43 @@ class Store:
         _retry(delete)
 
 
+def _ensure_rollup(conn: sa.Connection) -> None:
+    """The rollup table, added beside schema version 2 rather than as version 3: a prudent that
+    predates it still opens the store (its rows have no rollup; viewers read them raw). It holds
+    only what can be summed again from ``metrics``: one of another shape is dropped and made
+    anew, and the runs it covered are read raw."""
+    inspector = sa.inspect(conn)
+    if inspector.has_table("metric_rollup"):
+        if {c["name"] for c in inspector.get_columns("metric_rollup")} == set(metric_rollup.c.keys()):
+            return
+        metric_rollup.drop(conn)
+    metric_rollup.create(conn)
+
+
 def rollup_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """``metric_rollup`` rows summing up metric rows at every width of ``ROLLUP_WIDTHS``.
     One dict update per metric row (the narrowest width); the wider ones merge those."""
     narrow: dict[tuple[str, str, int], list[Any]] = {}
     width = ROLLUP_WIDTHS[0]
     for row in rows:
-        value, step = row["value"], row["step"]
+        value, step, wall = row["value"], row["step"], row["wall"]
         if value is not None and value != value:  # NaN: stored as NULL, a gap
             value = None
         key = (row["run_id"], row["name"], step // width)
         found = narrow.get(key)
         if found is None:
-            narrow[key] = [1, int(value is not None), step, step, value, value]
+            narrow[key] = [1, int(value is not None), step, step, value, value, value, wall]
             continue
         found[0] += 1  # _merge, inlined: this loop runs once per metric row
         found[2], found[3] = min(found[2], step), max(found[3], step)
+        found[7] = max(found[7], wall)
         if value is not None:
             found[1] += 1
-            found[4] = value if found[4] is None or value < found[4] else found[4]
-            found[5] = value if found[5] is None or value > found[5] else found[5]
+            if found[4] is None:
+                found[4] = found[5] = found[6] = value
+            else:
+                found[4], found[5] = min(found[4], value), max(found[5], value)
+                found[6] += value
     levels = {width: narrow}
     for wider in ROLLUP_WIDTHS[1:]:
         merged: dict[tuple[str, str, int], list[Any]] = {}
@@ -448,7 +465,7 @@ def rollup_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             else:
                 merged[key] = list(sums)
         levels[wider], width = merged, wider
-    columns = ("num", "num_values", "first_step", "last_step", "low", "high")
+    columns = ("num", "num_values", "first_step", "last_step", "low", "high", "total", "wall")
     return [{"run_id": run_id, "name": name, "width": w, "bucket": bucket,
              **dict(zip(columns, sums))}
             for w, level in levels.items() for (run_id, name, bucket), sums in level.items()]
@@ -459,9 +476,13 @@ def _merge(into: list[Any], other: Sequence[Any]) -> None:
     into[1] += other[1]
     into[2] = min(into[2], other[2])
     into[3] = max(into[3], other[3])
+    into[7] = max(into[7], other[7])
     if other[4] is not None:
-        into[4] = other[4] if into[4] is None else min(into[4], other[4])
-        into[5] = other[5] if into[5] is None else max(into[5], other[5])
+        if into[4] is None:
+            into[4:7] = other[4:7]
+        else:
+            into[4], into[5] = min(into[4], other[4]), max(into[5], other[5])
+            into[6] += other[6]
 
 
 def resolve_run(store: Store, ref: str) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
-from prudent.report.downsample import envelope, run_series
+from prudent.report.downsample import envelope, profile_timeline, run_series
 from prudent.report.reader import ReadOnlyStore
 from prudent.store import Store, metric_rollup
 
@@ -128,3 +129,32 @@ def test_a_store_from_before_the_rollup_gains_it_and_still_reads(tmp_path: Path)
     store.close()
     Store(url).close()  # the next writer to open the store adds the table
     assert sa.inspect(sa.create_engine(url)).has_table("metric_rollup")
+
+
+def test_a_long_run_has_its_profile_timeline_from_the_rollup(tmp_path: Path) -> None:
+    """40,000 steps, the profiler's samples every 10 steps: its 100-point timeline comes from
+    the rollup (256-step buckets, finer than the timeline's) and matches the rows'."""
+    url = f"sqlite:///{tmp_path / 'prudent.db'}"
+    store = Store(url)
+    store.create_run("r", "r", step=40_000, started_at=0.0)
+    rows = [{"run_id": "r", "step": s, "name": "loss", "value": 1.0, "wall": s * 0.1}
+            for s in range(1, 40_001)]
+    rows += [{"run_id": "r", "step": s, "name": f"profile/{n}", "value": v + s / 1000,
+              "wall": s * 0.1} for s in range(10, 40_001, 10) for n, v in (("cpu_pct", 50.0),
+                                                                          ("rss_mb", 900.0))]
+    rows.sort(key=lambda r: r["step"])
+    for start in range(0, len(rows), 7_000):
+        store.add_metrics(rows[start:start + 7_000])
+    store.close()
+    reader = ReadOnlyStore(url)
+    rolled = profile_timeline(reader, "r", 0.0, max_points=100, last_step=40_000)
+    raw = profile_timeline(reader, "r", 0.0, max_points=100)  # too short for the rollup: rows
+    reader.rollup_covers = lambda run_id: False  # type: ignore[method-assign]
+    assert profile_timeline(reader, "r", 0.0, max_points=100, last_step=40_000) == raw
+    reader.close()
+    assert 95 <= len(rolled) <= 101 and 95 <= len(raw) <= 101
+    for a, b in zip(rolled[::10], raw[::10]):  # the same time, step and means, within a bucket
+        assert abs(a["t"] - b["t"]) <= 40 and abs(a["step"] - b["step"]) <= 400
+        assert a["cpu_pct"] == pytest.approx(b["cpu_pct"], abs=0.5)
+        assert a["rss_mb"] == pytest.approx(b["rss_mb"], abs=0.5)
+    assert rolled[-1]["step"] == raw[-1]["step"] == 40_000

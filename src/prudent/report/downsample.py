@@ -68,26 +68,37 @@ def _rolled_up_series(store: ReadOnlyStore, run_id: str, level: int, width: int
 
 
 def profile_timeline(store: ReadOnlyStore, run_id: str, started_at: float,
-                     max_points: int = MAX_TIMELINE_POINTS) -> list[dict[str, Any]]:
+                     max_points: int = MAX_TIMELINE_POINTS, last_step: int = 0
+                     ) -> list[dict[str, Any]]:
     """The profiler's samples as the store has them (``profile/*`` metrics, one set every few
     seconds): flat dicts ``{"t": seconds since the run started, "step", "cpu_pct", ...}``,
-    averaged over equal time buckets when there are more than ``max_points``."""
+    averaged over equal time buckets when there are more than ``max_points``. A run of
+    ``last_step`` >= 16 x ``max_points`` steps is read from the rollup (its buckets of steps
+    are then finer than the timeline's buckets of time), others from their rows."""
     names = store.rollup_names(run_id)
     if names is not None and not any(n.startswith(PROFILE_PREFIX) for n in names):
         return []  # the run has no profiler series: no pass over its rows to find none
-    m = metrics_table.c
-    mine = sa.and_(m.run_id == run_id, m.name.like(f"{PROFILE_PREFIX}%"))
-    first, last = store.read(sa.select(sa.func.min(m.wall), sa.func.max(m.wall)).where(mine))[0]
+    level = max((w for w in ROLLUP_WIDTHS if w <= last_step // max_points), default=None)
+    if names is not None and level is not None:
+        r = metric_rollup.c
+        mine = sa.and_(r.run_id == run_id, r.width == level, r.name.like(f"{PROFILE_PREFIX}%"))
+        wall, name, step = r.wall, r.name, r.last_step
+        mean = sa.func.sum(r.total) / sa.func.nullif(sa.func.sum(r.num_values), 0)
+    else:
+        m = metrics_table.c
+        mine = sa.and_(m.run_id == run_id, m.name.like(f"{PROFILE_PREFIX}%"))
+        wall, name, step, mean = m.wall, m.name, m.step, sa.func.avg(m.value)
+    first, last = store.read(sa.select(sa.func.min(wall), sa.func.max(wall)).where(mine))[0]
     if first is None:
         return []
     width = max((last - first) / max_points, 1e-6)
-    bucket = sa.cast((m.wall - first) / width, sa.Integer).label("bucket")
-    stmt = (sa.select(bucket, m.name, sa.func.avg(m.value), sa.func.max(m.wall),
-                      sa.func.max(m.step)).where(mine).group_by(bucket, m.name).order_by(bucket))
+    bucket = sa.cast((wall - first) / width, sa.Integer).label("bucket")
+    stmt = (sa.select(bucket, name, mean, sa.func.max(wall), sa.func.max(step))
+            .where(mine).group_by(bucket, name).order_by(bucket))
     samples: dict[int, dict[str, Any]] = {}
-    for index, name, value, wall, step in store.read(stmt):
-        sample = samples.setdefault(index, {"t": round(wall - started_at, 3), "step": step})
-        sample[name.removeprefix(PROFILE_PREFIX)] = value
+    for index, series, value, newest, at_step in store.read(stmt):
+        sample = samples.setdefault(index, {"t": round(newest - started_at, 3), "step": at_step})
+        sample[series.removeprefix(PROFILE_PREFIX)] = value
     return list(samples.values())
 
 

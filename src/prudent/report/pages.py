@@ -174,7 +174,7 @@ def _timeline(store: ReadOnlyStore, home: str | Path | None, run: dict[str, Any]
             return list(json.loads(path.read_text()).get("timeline") or [])
         except (OSError, ValueError, AttributeError):
             pass
-    return profile_timeline(store, run["id"], run["started_at"])
+    return profile_timeline(store, run["id"], run["started_at"], last_step=run["step"])
 
 
 def _cost_over_time(run: dict[str, Any], events: list[dict[str, Any]]) -> list[dict[str, Any]]:
