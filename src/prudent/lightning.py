@@ -18,12 +18,15 @@ checkpoint (``trainer.save_checkpoint``) rides inside prudent's checkpoints, and
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.loader import ResumableLoader
+from prudent.stop import ExitCode
 
 __all__ = ["PrudentCallback", "ResumableLoader", "resumable", "resume_path"]
 
@@ -69,6 +72,7 @@ class PrudentCallback(_pl.Callback):
         self._loss: Any = None
         self._global_step = 0
         self._planned_epochs: int | None = None  # max_epochs as the script asked for it
+        self._ctrl_c = _CtrlC()
         _LATEST["run"] = self.adapter
 
     @property
@@ -91,6 +95,8 @@ class PrudentCallback(_pl.Callback):
         if self.adapter.is_smoke:
             self._shorten(trainer)
         self.adapter.framework_checkpoint.bind(lambda folder: _save(trainer, folder))
+        if self.adapter.ctx.exit_on_stop:
+            self._ctrl_c.install()
         # the generators as they were at the checkpoint, before Lightning draws the first
         # epoch's order (it restores no RNG itself)
         self.adapter.restore_rng()
@@ -176,13 +182,22 @@ class PrudentCallback(_pl.Callback):
 
     # the end --------------------------------------------------------------------------------
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self._ctrl_c.uninstall()
         self.adapter.framework_checkpoint.bind(None)
         self.adapter.finish()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self._ctrl_c.uninstall()
         self.adapter.framework_checkpoint.bind(None)
         adapter = self.adapter
         if adapter.closed:
+            return
+        if isinstance(exception, (_Interrupted, KeyboardInterrupt)):
+            # as `with run:` does: a stop already requested (the stall watchdog interrupts
+            # the main thread) wins over the Ctrl-C itself
+            stop = adapter.interrupted()
+            if isinstance(exception, _Interrupted):
+                exception.code = stop.exit_code
             return
         if isinstance(exception, SystemExit):
             # Lightning ends fit with SystemExit(None) (exit 0) at the epoch end after a
@@ -194,6 +209,36 @@ class PrudentCallback(_pl.Callback):
                     exception.code = stop.exit_code
                 return
         adapter.fail(exception)
+
+
+class _Interrupted(SystemExit):
+    """Ctrl-C during ``fit``. Lightning turns a KeyboardInterrupt into ``sys.exit(1)``; raised
+    as this SystemExit instead, it goes through Lightning's own clean-up (``on_exception``,
+    teardown) and then ends the process with prudent's code (130, or the pending stop's)."""
+
+
+class _CtrlC:
+    """SIGINT raises :class:`_Interrupted` while ``fit`` runs, if the script left Python's
+    default handler in place (a handler of its own is left alone); put back when fit ends."""
+
+    def __init__(self) -> None:
+        self._installed = False
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python only lets the main thread set handlers
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+
+    def uninstall(self) -> None:
+        if self._installed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            self._installed = False
+
+    def _handle(self, _signum: int, _frame: Any) -> None:
+        self.uninstall()  # a second Ctrl-C during the clean-up is a plain KeyboardInterrupt
+        raise _Interrupted(ExitCode.INTERRUPTED.value)
 
 
 def resumable(loader: Any) -> ResumableLoader:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -89,6 +90,27 @@ def test_sigterm_mid_epoch_exits_75_and_the_relaunch_ends_with_identical_weights
     names = _events(run, "checkpoint", "lifecycle")
     assert (before[-1], "checkpoint", "saved") in names  # the stop saved at once
     assert any(name == "resumed" for _, _, name in names)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_lightning_with_exit_130_as_interrupted(project: Project) -> None:
+    # Lightning itself turns a KeyboardInterrupt into exit code 1 (a failure to a supervisor)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "prudent", "run", "--run-id", "ctrl-c", "--set", "sleep_s=0.03",
+         "--", sys.executable, TRAIN], cwd=project.path, env=project.env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = project.path / "steps.log"
+    deadline = time.monotonic() + 120
+    while not (log.exists() and len(log.read_text().splitlines()) >= 5):
+        assert supervisor.poll() is None and time.monotonic() < deadline, supervisor.stderr
+        time.sleep(0.05)
+    supervisor.send_signal(signal.SIGINT)  # prudent run passes it on once, as a terminal would
+    out, err = supervisor.communicate(timeout=120)
+    assert supervisor.returncode == 130, err
+    assert "DONE" not in out  # fit returned, the script did not go on
+    run = project.show("ctrl-c")
+    assert (run["status"], run["stop_reason"], run["exit_code"]) == ("stopped", "interrupted", 130)
+    assert 5 <= run["step"] < STEPS
 
 
 @pytest.mark.slow

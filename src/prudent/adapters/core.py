@@ -19,7 +19,7 @@ from typing import Any
 from prudent.adapters.files import FrameworkCheckpoint
 from prudent.errors import StopRun
 from prudent.events import Event
-from prudent.stop import StopReason
+from prudent.stop import StopKind, StopReason
 
 __all__ = ["AdapterRun"]
 
@@ -232,6 +232,17 @@ class AdapterRun:
         self.ctx.finish("stopped", stop, stop.message)
         if self.ctx.exit_on_stop:
             raise SystemExit(stop.exit_code)
+
+    def interrupted(self) -> StopReason:
+        """Ctrl-C (or the stall watchdog's interrupt of the main thread) broke the framework's
+        loop off: the run ends stopped, as ``with run:`` ends it (a stop taken or requested
+        before wins: the watchdog's ``rule:stalled``). Returns the reason; its exit code is
+        the process's."""
+        reason = self.stop or self.ctx.pending_stop or StopReason(
+            StopKind.INTERRUPTED, None, "KeyboardInterrupt (Ctrl-C)")
+        if not self.ctx.closed:
+            self.ctx.finish("stopped", reason, reason.message)
+        return reason
 
     def fail(self, exc: BaseException) -> None:
         """The framework's loop raised: a failure bundle and the record (the error goes on)."""
