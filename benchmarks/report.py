@@ -14,6 +14,8 @@ of a long real run. Measured, interleaved over ``--repeat`` rounds:
   (as above). Targets: data < 1 MB, file < 6 MB, drawn under 1 s.
 - **without downsampling**: the data part the report would carry with every point (what a
   viewer that ships raw series sends), for the ratio.
+- **what the rollup costs its writer**: CPU per metric row (thread clock) for the store's
+  write with its rollup against the bare insert of the same rows, in batches of 600.
 
     python benchmarks/report.py [--points 1000000] [--repeat 3] [--json PATH] [--keep DIR]
 """
@@ -37,13 +39,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
 from rich.console import Console
 from rich.table import Table
 
 from prudent.report.pages import run_page
 from prudent.report.reader import ReadOnlyStore
 from prudent.report.render import bundle_for, page_html, to_json
-from prudent.store import Store
+from prudent.store import Store, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SPIKE = 40.0
@@ -82,6 +85,32 @@ def build_store(home: Path, points: int) -> None:
     store.add_events(events)
     store.update_run("big", status="completed", step=points, ended_at=time.time())
     store.close()
+
+
+def write_cost(folder: Path, num_rows: int = 200_000, batch: int = 600) -> dict[str, float]:
+    """CPU (the writing thread's clock) per metric row, batches as the writer thread commits
+    them (``batch`` rows, ~0.5 s of a fast run): the store's write with its rollup, and the
+    bare insert of the same rows (what it was before the rollup)."""
+    rows = [{"run_id": "w", "step": i // 2, "name": ("loss", "lr")[i % 2], "wall": i * 0.01,
+             "value": random.random()} for i in range(num_rows)]
+    figures = {}
+    for variant in ("plain", "rollup"):
+        path = folder / f"write-{variant}.db"
+        store = Store(f"sqlite:///{path}")  # WAL, the store's own pragmas
+        engine = sa.create_engine(f"sqlite:///{path}")
+        started = time.thread_time()
+        for start in range(0, num_rows, batch):
+            part = rows[start:start + batch]
+            if variant == "rollup":
+                store.add_records(part, [])
+            else:
+                with engine.begin() as conn:
+                    conn.execute(metrics.insert(), part)
+        figures[f"write_cpu_us_per_row_{variant}"] = (time.thread_time() - started) / num_rows * 1e6
+        engine.dispose()
+        store.close()
+        path.unlink()
+    return figures
 
 
 def report_figures(home: Path) -> dict[str, Any]:
@@ -168,7 +197,7 @@ def main() -> None:
             finally:
                 server.terminate()
                 server.wait(30)
-            figures = report_figures(home)
+            figures = report_figures(home) | write_cost(home)
             page = browser.new_page(viewport={"width": 1300, "height": 900})
             figures["report_open_s"], figures["report_drawn_s"] = drawn_s(
                 page, (home / "report.html").as_uri())
