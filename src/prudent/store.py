@@ -110,7 +110,7 @@ metric_rollup = sa.Table(
     sa.Column("low", sa.Float),
     sa.Column("high", sa.Float),
     sa.Column("total", sa.Float),  # sum of the values: a mean (the profiler's timeline)
-    sa.Column("wall", sa.Float, nullable=False),  # the newest row's wall time
+    sa.Column("wall", sa.Float),  # the newest row's wall time
     sa.Index("ix_metric_rollup_run_width", "run_id", "width"),
 )
 ROLLUP_WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)

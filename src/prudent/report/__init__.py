@@ -7,12 +7,14 @@
     downsample.py  metric series as min/max per step bucket: every extreme, a bounded size
     pages.py       what the runs, run and compare pages show, as JSON-able dicts
     study.py       what a tuning study's page shows (prudent study's summary, curves)
-    render.py      the HTML shell; the report inlines Plotly, our script and the data
+    render.py      the HTML shell; the report inlines Plotly (the basic bundle from npm, the
+                   full one for a study), our script and the data
     app.py         the dashboard: Starlette, GET only, a running run's page polls
     commands.py    the report and ui commands
     assets/        the page script (draws from the JSON, strings as text only) and style
 
-Needs ``pip install 'prudent[ui]'`` (plotly; starlette and uvicorn for the dashboard).
+Needs ``pip install 'prudent[ui]'`` (plotly; starlette and uvicorn for the dashboard), and
+from a clone ``npm ci --prefix src/prudent/report`` (scripts/setup.sh) for the basic bundle.
 """
 
 from __future__ import annotations
