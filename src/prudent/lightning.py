@@ -18,11 +18,14 @@ checkpoint (``trainer.save_checkpoint``) rides inside prudent's checkpoints, and
 
 from __future__ import annotations
 
+import io
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.loader import ResumableLoader
@@ -50,6 +53,7 @@ def _lightning() -> Any:
 
 _pl = _lightning()
 _NEVER = 2**62  # check_val_every_n_epoch that no epoch reaches
+_CKPT_FILE = "lightning.ckpt"  # Lightning's checkpoint inside prudent's
 _LATEST: dict[str, AdapterRun] = {}
 
 
@@ -94,7 +98,8 @@ class PrudentCallback(_pl.Callback):
         self._planned_epochs = trainer.max_epochs
         if self.adapter.is_smoke:
             self._shorten(trainer)
-        self.adapter.framework_checkpoint.bind(lambda folder: _save(trainer, folder))
+        self.adapter.framework_checkpoint.bind(lambda folder: _save(trainer, folder),
+                                               lambda: _save_in_memory(trainer))
         if self.adapter.ctx.exit_on_stop:
             self._ctrl_c.install()
         # the generators as they were at the checkpoint, before Lightning draws the first
@@ -261,9 +266,38 @@ def resume_path() -> str | None:
 
 
 def _save(trainer: Any, folder: Path) -> Path:
-    path = folder / "lightning.ckpt"
+    path = folder / _CKPT_FILE
     trainer.save_checkpoint(path, weights_only=False)
     return path
+
+
+def _save_in_memory(trainer: Any) -> dict[str, bytes] | None:
+    """``trainer.save_checkpoint`` with the strategy's default ``TorchCheckpointIO`` swapped,
+    for this one call, for one that keeps the bytes it would write (the same bytes: it
+    serialises the same way): no file written and read back on the training thread. A
+    CheckpointIO of the script's own (async, cloud, sharded strategies) is left to write its
+    files (None: the caller falls back to them)."""
+    strategy = trainer.strategy
+    previous = strategy.checkpoint_io
+    if type(previous) is not _pl.plugins.TorchCheckpointIO:
+        return None
+    keep = _BytesCheckpointIO()
+    strategy.checkpoint_io = keep
+    try:
+        trainer.save_checkpoint(_CKPT_FILE, weights_only=False)
+    finally:
+        strategy.checkpoint_io = previous
+    return {_CKPT_FILE: keep.data} if keep.data is not None else None
+
+
+class _BytesCheckpointIO(_pl.plugins.TorchCheckpointIO):  # type: ignore[misc]
+    data: bytes | None = None
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
+                        storage_options: Any = None) -> None:
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        self.data = buffer.getvalue()
 
 
 def _scalar(value: Any) -> bool:

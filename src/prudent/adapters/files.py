@@ -20,6 +20,8 @@ __all__ = ["FrameworkCheckpoint"]
 
 # writes into a folder, returns the file or folder to resume from (None: nothing new to carry)
 Writer = Callable[[Path], "Path | None"]
+# or, without the disk: {name: bytes} of the files, the first one is resumed from (None: as above)
+MemoryWriter = Callable[[], "dict[str, bytes] | None"]
 
 
 class FrameworkCheckpoint:
@@ -34,14 +36,21 @@ class FrameworkCheckpoint:
         self.folder = folder
         self.restored: Path | None = None  # what the framework resumes from, once restored
         self._write: Writer | None = None
+        self._in_memory: MemoryWriter | None = None
         self._state: dict[str, Any] = {}
 
-    def bind(self, write: Writer | None) -> None:
-        self._write = write
+    def bind(self, write: Writer | None, in_memory: MemoryWriter | None = None) -> None:
+        """``in_memory``, when given, is tried first: the training thread then neither writes
+        nor reads back a file nor makes a folder (``write`` is the fallback: it returned
+        None)."""
+        self._write, self._in_memory = write, in_memory
 
     def state_dict(self) -> dict[str, Any]:
         if self._write is None:
             return dict(self._state)
+        files = self._in_memory() if self._in_memory is not None else None
+        if files:
+            return {"entry": next(iter(files)), "files": files}
         scratch = self.folder / "saving"
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True)
