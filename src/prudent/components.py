@@ -79,7 +79,8 @@ DEFAULT_COMPONENTS: list[ComponentFactory] = [
     # on by default: $0 until an instance is known; stops before a budget or policy limit
     lambda settings, spec: CostMeter(settings.cost, quiet=_quiet(settings)),
     # last on step_end: rules have had their say (a sick step is not saved as a periodic checkpoint)
-    lambda settings, spec: Checkpointer(settings.checkpoint) if settings.checkpoint.enabled
+    lambda settings, spec: Checkpointer(settings.checkpoint, quiet=_quiet(settings))
+    if settings.checkpoint.enabled
     else None,
     # only under `prudent replay`: restores a bundle or runs to a step, reports it, stops
     lambda settings, spec: replay_from_env(),

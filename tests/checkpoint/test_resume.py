@@ -95,12 +95,17 @@ def test_unskippable_loader_is_read_and_discarded_with_a_warning(
     assert same(reference["model"], resumed["model"])
 
 
-def test_resume_is_recorded_and_unattached_objects_are_reported(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_is_recorded_said_and_unattached_objects_are_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("PRUDENT_RUN_ID", "r1")
     settings = make_settings(tmp_path)
     train(settings, "generator", stop_at=7)
-    run = prudent.init(name="r", settings=settings, exit_on_stop=False)
+    assert "resumed" not in capsys.readouterr().err
+    run = prudent.init(name="r", settings=make_settings(tmp_path, console={"mode": "plain"}),
+                       exit_on_stop=False)
+    # the relaunched script's console says where it picks up
+    assert ("prudent | r1 | resumed from ckpt-0000000007: step 7, epoch 1, 7 batches into it"
+            in capsys.readouterr().err)
     run.attach(model=torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5),
                                          torch.nn.Linear(16, 2)))
     assert run.state.step == 7

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.checkpoint.objects import check_saveable, restore_object, state_of
 from prudent.checkpoint.schedule import SaveSchedule
@@ -38,8 +38,11 @@ __all__ = ["Checkpointer"]
 class Checkpointer(Component):
     name = "checkpoint"
 
-    def __init__(self, settings: CheckpointSettings | None = None) -> None:
+    def __init__(self, settings: CheckpointSettings | None = None, *, quiet: bool = False,
+                 stream: TextIO | None = None) -> None:
         self.settings = settings or CheckpointSettings()
+        self.quiet = quiet
+        self._stream = stream
         self.schedule = SaveSchedule(self.settings.every, self.settings.at_epoch_end,
                                      self.settings.mtbi)
         self.storage: CheckpointStorage | None = None
@@ -98,6 +101,9 @@ class Checkpointer(Component):
                      "batches into it")
         run.record_event(EventKind.CHECKPOINT, "resumed", f"resumed from {name}: {where}",
                          checkpoint=name)
+        if not self.quiet:  # a relaunched script says where it picks up, not only the record
+            print(f"prudent | {run.id} | resumed from {name}: {where}",
+                  file=self._stream or sys.stderr, flush=True)
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         for key, obj in objects.items():
