@@ -87,7 +87,7 @@ SCENARIOS = [
     Scenario("leak", ("memory_growth",)),
     Scenario("hang", ("stalled",), HANG),
     Scenario("overfit", ("overfitting", "early_stopping")),
-    Scenario("random_labels", ("early_stopping", "loss_not_decreasing")),
+    Scenario("random_labels", ("early_stopping", "overfitting", "loss_not_decreasing")),
     Scenario("leak_short", ("memory_growth",)),
     Scenario("spike_rollback", ("loss_spike",), EVERY_50, repair=True),
     Scenario("spike_skip", ("loss_spike",), repair=True),

@@ -29,3 +29,27 @@ def test_a_validation_that_keeps_rising_is_overfitting_after_patience() -> None:
 def test_a_recovery_holds_the_count_instead_of_clearing_it() -> None:
     # worse, worse, a little better (still worse than the best), worse again: 3 that count
     assert _first_finding([0.9, 1.0, 1.05, 1.02, 1.08]) == 240 * 5
+
+
+def _judged(metrics: list[dict[str, float]]) -> tuple[OverfittingRule, int | None]:
+    rule = OverfittingRule()
+    for i, logged in enumerate(metrics):
+        sample = EvalSample(step=113 * (i + 1), metrics=logged, train_loss=2.31 - 0.04 * i)
+        if rule._judge(sample) is not None:
+            return rule, sample.step
+    return rule, None
+
+
+def test_without_a_val_loss_the_first_val_metric_is_watched_higher_is_better() -> None:
+    # random labels, only val_acc logged (monitor_random_labels, seed 0): the training loss falls
+    # (memorised labels) while the accuracy stays at chance below its first evaluation
+    accuracy = [0.1152, 0.1094, 0.0801, 0.0859, 0.0762, 0.0762]
+    rule, step = _judged([{"val_acc": a} for a in accuracy])
+    assert rule.metric == "val_acc" and step == 113 * 5
+    # a rising accuracy is not overfitting
+    assert _judged([{"val_acc": 0.1 + 0.05 * i} for i in range(8)])[1] is None
+
+
+def test_val_loss_is_preferred_when_logged_with_other_val_metrics() -> None:
+    rule, _ = _judged([{"val_acc": 0.5, "val_loss": 1.0}])
+    assert rule.metric == "val_loss"

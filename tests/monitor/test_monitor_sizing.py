@@ -15,13 +15,16 @@ _MB = 1 << 20
 def test_windows_shrink_to_the_run_but_not_below_noise_and_user_values_stay() -> None:
     rule = LossNotDecreasingRule()
     assert rule.fit(2260) is None
-    assert (rule.settings.warmup_steps, rule.settings.window) == (45, 100)
-    assert rule.fit(100_000) is None and rule.settings.window == 200  # long runs: the defaults
-    mine = LossNotDecreasingRule(LossNotDecreasingRule.Settings(window=300))
+    # blocks of 100 steps (never fewer: noise), patience 3 blocks (never fewer: a saddle)
+    assert (rule.settings.warmup_steps, rule.settings.window, rule.settings.patience) == (45, 100, 3)
+    assert rule.fit(100_000) is None  # long runs: the defaults, a verdict within a tenth
+    assert (rule.settings.window, rule.settings.patience) == (200, 5)
+    mine = LossNotDecreasingRule(LossNotDecreasingRule.Settings(window=300, patience=4))
     mine.fit(2260)
-    assert mine.settings.window == 300 and mine.settings.warmup_steps == 45
-    reason = LossNotDecreasingRule().fit(448)
-    assert reason is not None and "needs 608 steps" in reason and "plans 448" in reason
+    assert (mine.settings.window, mine.settings.patience, mine.settings.warmup_steps) == (300, 4, 45)
+    assert LossNotDecreasingRule().fit(448) is None  # 8 + 4 blocks of 100 fit in 448
+    reason = LossNotDecreasingRule().fit(300)
+    assert reason is not None and "needs 406 steps" in reason and "plans 300" in reason
 
 
 def memory(step: int, mb: float, wall: float, available_mb: float | None) -> MemorySample:
@@ -99,3 +102,35 @@ def test_a_converged_plateau_is_not_a_stuck_loss_but_a_loss_that_never_fell_is()
                                                max_progress=1)
     assert _flat_after(LossNotDecreasingRule(judge_all), 2.2, 0.85, 3000) is not None
 
+
+
+def zero_lr(step: int, lr: float = 0.0) -> Window:
+    return Window(steps=[step - 9, step], loss=[1.0, 1.0], lr=lr, max_lr=lr, peak_lr=0.1,
+                  planned_steps=2000)
+
+
+def test_a_zero_learning_rate_read_at_two_checks_stops_without_waiting_for_layer_samples() -> None:
+    rule = UpdateRatioRule(UpdateRatioRule.Settings(warmup_steps=0))
+    assert rule.check(zero_lr(310)) is None  # one read of 0: a schedule may touch it once
+    found = rule.check(zero_lr(320))
+    assert found is not None and found.step == 320 and found.since == 310
+    assert "learning rate of every param group is 0 at step 320" in found.message
+    rule = UpdateRatioRule(UpdateRatioRule.Settings(warmup_steps=0))
+    assert [rule.check(w) for w in (zero_lr(310), zero_lr(320, 0.05), zero_lr(330))] == [None] * 3
+    # a group still learning (max_lr > 0) moves weights: not this finding
+    window = zero_lr(340)
+    window.max_lr = 0.01
+    assert rule.check(window) is None
+    # the schedule's own end at 0 (the last tenth of the run) is not a bug
+    assert all(rule.check(zero_lr(step)) is None for step in (1850, 1900, 1950))
+
+
+def test_memory_sampling_sized_at_a_check_counts_from_the_step_the_run_is_at() -> None:
+    stats = StepStats(MonitorSettings())
+    for step in range(1, 11):
+        stats.step_end(step, 1.0)
+    stats.take_window()  # the monitor sizes right after a check has taken the steps
+    stats.fit(448, step=10)  # memory every 5 steps from now (was: not before step 100)
+    for step in range(11, 21):
+        stats.step_end(step, 1.0)
+    assert [m.step for m in stats.take_window().memory] == [15, 20]

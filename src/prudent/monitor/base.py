@@ -140,6 +140,7 @@ class Window:
     evals: list[EvalSample] = field(default_factory=list)
     lr: float | None = None
     peak_lr: float | None = None
+    max_lr: float | None = None  # the largest lr of every param group of every optimizer, now
     amp: bool = False
     planned_steps: int | None = None  # run.epochs(n) x the loader's length, or run.steps(n)
     step_s: float | None = None  # the mean step time lately (seconds)

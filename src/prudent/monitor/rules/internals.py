@@ -32,6 +32,11 @@ class UpdateRatioSettings(RuleSettings):
                              "weights; SageMaker: 10). Healthy training sits near 1e-3.")
     patience: int = Field(3, ge=1, description="Layer samples in a row (one every "
                           "monitor.sample_every_steps).")
+    zero_lr_checks: int = Field(2, ge=1, description="A learning rate of exactly 0 in every "
+                                "param group, after it was not, with more than a tenth of the "
+                                "planned run to go: fire after this many checks in a row (no "
+                                "noise to average: two reads exclude a schedule touching 0 "
+                                "once).")
     min_lr_fraction: float = Field(0.2, ge=0, le=1, description=LR_FRACTION_HELP)
 
 
@@ -43,15 +48,17 @@ class UpdateRatioRule(Rule):
     """
 
     name = "update_ratio"
-    needs = frozenset({"layers"})
+    needs = frozenset({"layers", "steps"})  # steps: the learning rate, read at every check
     Settings = UpdateRatioSettings
     settings: UpdateRatioSettings
-    state_fields = ("low", "high")
+    state_fields = ("low", "high", "zero_checks", "zero_since")
 
     def __init__(self, settings: UpdateRatioSettings | None = None) -> None:
         super().__init__(settings)
         self.low = 0
         self.high = 0
+        self.zero_checks = 0  # checks in a row that read a zero learning rate in every group
+        self.zero_since: int | None = None
 
     def fit(self, planned_steps: int) -> str | None:
         self.sized(planned_steps, warmup_steps=min(100, planned_steps // 10))
@@ -62,7 +69,32 @@ class UpdateRatioRule(Rule):
         zeroed = self._lr_zeroed(window)
         if zeroed:
             tail = False  # a learning rate of 0 well before the end is no schedule's tail
+        finding = self._zero_for_good(window, zeroed)
+        if finding is not None or not window.layers:
+            return finding
         return self.first_finding(window.layers, lambda sample: self._judge(sample, tail, zeroed))
+
+    def _zero_for_good(self, window: Window, zeroed: bool) -> Finding | None:
+        """The learning rate of every param group read 0 at ``zero_lr_checks`` checks in a
+        row: no update can move a weight (SGD, Adam, AdamW's decay all scale by it), so no
+        layer sample needs to confirm it."""
+        if not window.steps:
+            return None  # a check at run.log right after another: nothing new read
+        step = window.steps[-1]
+        if not (zeroed and window.max_lr == 0 and self.active_at(step)):
+            self.zero_checks, self.zero_since = 0, None
+            return None
+        self.zero_checks += 1
+        self.zero_since = step if self.zero_since is None else self.zero_since
+        if self.zero_checks < self.settings.zero_lr_checks:
+            return None
+        since = self.zero_since
+        self.reset()
+        return Finding(step, 0.0, self.settings.min_ratio, (
+            f"updates stopped: the learning rate of every param group is 0 at step {step} "
+            f"(read 0 at every check since step {since}; the "
+            f"peak was {fmt(window.peak_lr)}), with more than a tenth of the planned run to "
+            "go: does the schedule zero it by mistake?"), since=since)
 
     @staticmethod
     def _lr_zeroed(window: Window) -> bool:

@@ -65,12 +65,19 @@ class LossNotDecreasingRule(Rule):
         self.first_values: list[float] = []
 
     def fit(self, planned_steps: int) -> str | None:
-        patience = self.settings.patience  # 3 stopped converged healthy runs: not sized
         warmup = min(100, planned_steps // 50)
+        room = planned_steps // 10 - warmup  # a verdict within about a tenth of the run
         # the verdict early in the run, but blocks of at least 100 steps: the mean of
         # fewer mini-batch losses is too noisy to compare at 1% (and a plateau is no verdict)
-        window = max(100, min(200, (planned_steps // 10 - warmup) // (patience + 1)))
-        self.sized(planned_steps, warmup_steps=warmup, window=window)
+        window = max(100, min(200, room // 6))
+        # 5 blocks of patience where they fit, fewer on a shorter run but never below 3: then
+        # the loss must stay flat for 300 steps after its best block, longer than the saddle a
+        # healthy net starting near zero sits in (~250 steps, healthy_plateau on 3 seeds). A
+        # converged plateau is not judged at all (max_progress)
+        given = getattr(self, "_given", None) or self.settings
+        block = given.window if "window" in given.model_fields_set else window
+        self.sized(planned_steps, warmup_steps=warmup, window=window,
+                   patience=max(3, min(5, room // block - 1)))
         s = self.settings
         needed = s.warmup_steps + (s.patience + 1) * s.window
         if needed > planned_steps:
@@ -198,6 +205,13 @@ class DivergenceRule(Rule):
 _second = operator.itemgetter(1)
 
 
+def _watched(metrics: dict[str, float]) -> str | None:
+    """val_loss when logged, else the first val_* metric (None: nothing to watch yet)."""
+    if "val_loss" in metrics:
+        return "val_loss"
+    return next((k for k in metrics if k.startswith("val_")), None)
+
+
 def _interquartile_mean(values: deque[float]) -> float:
     ordered = sorted(values)
     quarter = len(ordered) // 4
@@ -209,7 +223,9 @@ _HIGHER_IS_BETTER = ("acc", "auc", "f1", "precision", "recall", "score", "map", 
 
 
 class OverfittingSettings(RuleSettings):
-    metric: str = Field("val_loss", description="The validation metric passed to run.log.")
+    metric: str | None = Field(None, description="The validation metric passed to run.log; "
+                               "default: val_loss, or, in a run that logs no val_loss, the "
+                               "first val_* metric it logs (val_acc: worse means lower).")
     mode: Literal["auto", "min", "max"] = Field("auto", description="Whether lower or higher "
                                                 "is better; auto: max for names with acc, auc, "
                                                 "f1, precision, recall, score, map, iou, bleu.")
@@ -222,17 +238,20 @@ class OverfittingSettings(RuleSettings):
 class OverfittingRule(Rule):
     """Validation got worse for ``patience`` evaluations while the training loss kept falling.
 
-    Needs ``run.log(val_loss=...)`` (or the configured metric); silent without it.
+    Needs ``run.log(val_loss=...)`` (or the configured metric, or another ``val_*`` metric
+    when no ``val_loss`` is logged: a classifier on random labels that logs only ``val_acc``
+    memorises its training set while the accuracy stays at chance); silent without one.
     """
 
     name = "overfitting"
     needs = frozenset({"evals"})
     Settings = OverfittingSettings
     settings: OverfittingSettings
-    state_fields = ("best", "best_step", "best_train", "worse", "last")
+    state_fields = ("metric", "best", "best_step", "best_train", "worse", "last")
 
     def __init__(self, settings: OverfittingSettings | None = None) -> None:
         super().__init__(settings)
+        self.metric: str | None = self.settings.metric
         self.best: float | None = None
         self.best_step = 0
         self.best_train: float | None = None
@@ -243,7 +262,7 @@ class OverfittingRule(Rule):
     def sign(self) -> float:
         mode = self.settings.mode
         if mode == "auto":
-            name = self.settings.metric.lower()
+            name = (self.metric or "val_loss").lower()
             mode = "max" if any(word in name for word in _HIGHER_IS_BETTER) else "min"
         return -1.0 if mode == "max" else 1.0
 
@@ -251,7 +270,9 @@ class OverfittingRule(Rule):
         return self.first_finding(window.evals, self._judge)
 
     def _judge(self, sample: EvalSample) -> Finding | None:
-        value = sample.metrics.get(self.settings.metric)
+        if self.metric is None:
+            self.metric = _watched(sample.metrics)
+        value = sample.metrics.get(self.metric) if self.metric else None
         if not finite(value) or not self.active_at(sample.step):
             return None
         score = self.sign * value  # type: ignore[operator]
@@ -277,7 +298,7 @@ class OverfittingRule(Rule):
         return sample.train_loss < self.best_train  # type: ignore[operator]
 
     def _message(self, sample: EvalSample, value: float) -> str:
-        metric, best = self.settings.metric, self.sign * self.best  # type: ignore[operator]
+        metric, best = self.metric, self.sign * self.best  # type: ignore[operator]
         text = (f"overfitting: {metric} {fmt(value)} at step {sample.step} is worse than its best "
                 f"{fmt(best)} (step {self.best_step}) for {self.worse} evaluations in a row")
         if finite(sample.train_loss) and finite(self.best_train):

@@ -71,6 +71,14 @@ class MemoryGrowthRule(Rule):
             setattr(self, name, deque(getattr(self, name), maxlen=self.settings.window))
         return None
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # a resumed run is sized again at its first check: until then keep every sample saved
+        # (the window it was sized to may be longer than the default)
+        for name in ("host", "device"):
+            saved = state.get(name) or []
+            setattr(self, name, deque(saved, maxlen=max(self.settings.window, len(saved))))
+        super().load_state_dict({k: v for k, v in state.items() if k not in ("host", "device")})
+
     def check(self, window: Window) -> Finding | None:
         return self.first_finding(window.memory, self._judge)
 
