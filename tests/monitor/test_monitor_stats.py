@@ -113,7 +113,8 @@ def test_a_jump_in_the_loss_measures_the_next_norm_whatever_the_stride() -> None
     assert measured == [19]
 
 
-def test_auto_stride_keeps_the_norm_within_the_budget() -> None:
+@pytest.mark.parametrize("host_loss, stride", [(False, 4), (True, 16)])
+def test_auto_stride_keeps_the_norm_within_the_budget(host_loss: bool, stride: int) -> None:
     clock = FakeClock()
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -125,14 +126,25 @@ def test_auto_stride_keeps_the_norm_within_the_budget() -> None:
         clock.advance(40e-6)  # a norm costs 40 us...
         return original()
 
+    def step(i: int) -> None:
+        x, y = batch(i)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        stats.after_backward(i)
+        opt.step()
+        opt.zero_grad()
+        stats.step_end(i, loss if host_loss else None)
+
     stats._tensor_norms = expensive  # type: ignore[method-assign]
-    for step in range(1, 11):
-        one_step(stats, model, opt, step)
+    for i in range(1, 11):
+        step(i)
         clock.advance(1e-3)  # ...of a 1 ms step: every step would be 4%
     stats.take_window()
-    assert stats.norm_every == 4  # 40 us / 4 = 10 us = 1% of the step
-    for step in range(11, 21):
-        one_step(stats, model, opt, step)
+    # 40 us / 4 = 10 us = 1% of the step; with the loss on the host at every step (the early
+    # warning), a norm dearer than 1% of a step is never taken more often than every 16 steps
+    assert stats.norm_every == stride
+    for i in range(11, 11 + stride * 10, stride):
+        step(i)
         clock.advance(1.0)  # slow steps: measure every step again
     stats.take_window()
     assert stats.norm_every == 1

@@ -111,40 +111,51 @@ class Monitor(Component):
         self.stats.attach(objects)
 
     def on_after_backward(self, run: RunContext, loss: Any) -> None:
+        # the hot path: on most steps one comparison of the loss (read once for every
+        # component: capture reads it too) and one of the step number
+        skipper = self._skipper
         step = run.state.step + 1
-        if self._skipper is not None:
-            self._judge_update(run, step, loss)
-        if step >= self.stats.backward_due:  # the hot path: most steps have nothing to measure
-            self.stats.after_backward(step)
+        if skipper is not None:
+            value = run.host_scalar(loss)
+            if value.__class__ is not float:
+                self._judge_device_loss(run, step, value)
+            elif value > skipper.skip_above:  # an outlier, maybe (NaN compares False)
+                self._judge_update(run, step, value)
+        stats = self.stats
+        if step >= stats.backward_due:
+            stats.after_backward(step)
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         stats = self.stats
         if self._skipped:
             self._unskip()  # the loop never called optimizer.step() (a GradScaler's inf)
-        if stats.step_end(run.state.step, run.host_scalar(metrics.get(self._loss_key))):
+        step = run.state.step
+        if stats.step_end(step, run.host_scalar(metrics.get(self._loss_key))):
             started = time.perf_counter()
             self.check(run)
             stats.check_took(time.perf_counter() - started)
-        # gradients are measured on some steps only: on the others, after_backward is not
-        # called (unless each step's loss is judged before its update)
-        wanted = self._skipper is not None or run.state.step + 1 >= stats.backward_due
-        if wanted is not self._backward_hooked:
-            self._backward_hooked = wanted
-            run.subscribe(self, Event.AFTER_BACKWARD, wanted)
+        if self._skipper is None:
+            # gradients are measured on some steps only: on the others after_backward is not
+            # called (when each step's loss is judged before its update, it is, every step)
+            wanted = step + 1 >= stats.backward_due
+            if wanted is not self._backward_hooked:
+                self._backward_hooked = wanted
+                run.subscribe(self, Event.AFTER_BACKWARD, wanted)
 
     # skipping an outlier's update -----------------------------------------------------------
-    def _judge_update(self, run: RunContext, step: int, loss: Any) -> None:
+    def _judge_update(self, run: RunContext, step: int, value: float) -> None:
         """Before the optimizer's update: skip it when the step's loss is an outlier."""
-        value = run.host_scalar(loss)
-        if value.__class__ is not float:
-            value = self._device_loss(run, value)
-            if value is None:
-                return
-        if self._skipper.skips(step, value):  # type: ignore[union-attr]
+        skipper = self._skipper
+        if skipper is not None and skipper.skips(step, value):  # type: ignore[attr-defined]
             self._skip_next_update()
             run.record_event(EventKind.MONITOR, "skipped_update",
-                             self._skipper.describe_skip(step, value),  # type: ignore[union-attr]
+                             skipper.describe_skip(step, value),  # type: ignore[attr-defined]
                              step=step, loss=value, rule="loss_spike")
+
+    def _judge_device_loss(self, run: RunContext, step: int, loss: Any) -> None:
+        value = self._device_loss(run, loss)
+        if value is not None and value > self._skipper.skip_above:  # type: ignore[union-attr]
+            self._judge_update(run, step, value)
 
     def _device_loss(self, run: RunContext, loss: Any) -> float | None:
         """A loss on a device: read it only if the user accepts a wait per step."""
@@ -240,9 +251,10 @@ class Monitor(Component):
         self._fitted_for = planned
         if "sample_every_steps" not in self.settings.model_fields_set:
             # layers sampled every ~2.5% of the run, never more often than every 20 steps
-            self.stats.fit(planned, max(20, min(self.settings.sample_every_steps, planned // 40)))
+            self.stats.fit(planned, max(20, min(self.settings.sample_every_steps, planned // 40)),
+                           step=run.state.step)
         else:
-            self.stats.fit(planned)
+            self.stats.fit(planned, step=run.state.step)
         if "max_check_every_steps" not in self.settings.model_fields_set:
             # checks at least every ~2% of the run: on a short run of millisecond steps the
             # overhead budget alone would space them 100 steps apart, a fifth of a 448-step run

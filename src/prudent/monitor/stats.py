@@ -26,6 +26,12 @@ __all__ = ["StepStats"]
 
 _SAMPLED_ELEMENTS = 4096  # per weight tensor, for the update ratio
 _MAX_NORM_STRIDE = 32  # auto never measures the gradient norm less often than this
+# ...nor more often than this when every step's loss is on the host (training on the CPU) and
+# one norm costs more than _DEAR_NORM of a step: the loss is then the early warning (a jump
+# measures the next norm at once, see _look_closer), and a dear norm on one step in ten moves
+# the median step (10% of the steps carry it)
+_HOST_LOSS_NORM_STRIDE = 16
+_DEAR_NORM = 0.01
 _BURST_JUMP = 3.0  # a norm this many times the previous one starts measuring every step
 _LOSS_JUMP = 4.0  # a host loss this many times the last window's mean: measure the next norm
 
@@ -85,6 +91,7 @@ class StepStats:
         self._window_start = clock()
         self._burst = 0
         self._last_norm = 0.0
+        self._norm_mean = 0.0  # moving mean of the last ~4 finite norms
         self._loss_jump_at = math.inf  # set from each window's losses
         self._step_s: float | None = None  # the last window's mean step time
         self.last_step_s: float | None = None
@@ -137,9 +144,8 @@ class StepStats:
             norms, scale = self._tensor_norms()
             if norms:
                 # on the CPU a tensor's value is plain memory: reading it now costs no wait
-                if norms[0].is_cpu:
-                    self._norms[step] = self._watch(_global_norm([n.item() for n in norms],
-                                                                 scale))
+                if norms[0].is_cpu:  # one read for all of them
+                    self._norms[step] = self._watch(_global_norm(_stack(norms).tolist(), scale))
                 else:
                     self._norms[step] = (_stack(norms), scale)
             self._norm_costs.append(self.clock() - started)
@@ -147,11 +153,18 @@ class StepStats:
         self.backward_due = min(self._next_sample, self._next_norm)
 
     def _watch(self, norm: float) -> float:
-        """A norm far above the previous one (or not finite): measure every step for a while,
-        so a sparse stride does not miss an explosion's few steps before the overflow."""
-        if not math.isfinite(norm) or (self._last_norm and norm > _BURST_JUMP * self._last_norm):
+        """A norm far above the recent ones (or not finite): measure every step for a while,
+        so a sparse stride does not miss an explosion's few steps before the overflow. Recent:
+        the previous norm or the moving mean of the last ~4, whichever is larger (against the
+        previous norm alone, one lucky small batch made the next ordinary one a jump: a burst
+        every ~600 steps of a healthy run, 3% of its steps measured for nothing)."""
+        reference = max(self._last_norm, self._norm_mean)
+        if not math.isfinite(norm) or (reference and norm > _BURST_JUMP * reference):
             self._burst = 2 * self.norm_every
-        self._last_norm = norm
+        if math.isfinite(norm):
+            mean = self._norm_mean
+            self._norm_mean = norm if not mean else mean + 0.25 * (norm - mean)
+            self._last_norm = norm
         return norm
 
     def step_end(self, step: int, loss: Any) -> bool:
@@ -209,15 +222,21 @@ class StepStats:
         self._last_memory = self.clock()
         self._next_memory = step + self.memory_every
 
-    def fit(self, planned_steps: int, sample_every: int | None = None) -> None:
+    def fit(self, planned_steps: int, sample_every: int | None = None,
+            step: int | None = None) -> None:
         """Sample memory about every 1% of a run of ``planned_steps`` (at least every 5 steps
-        apart, at most every ``sample_every_steps``), and layers every ``sample_every`` steps."""
+        apart, at most every ``sample_every_steps``), and layers every ``sample_every`` steps:
+        each next sample comes that many steps after the previous one (the start of the run
+        if none), never before the step after ``step`` (where the run is)."""
+        done = self._steps_done() if step is None else step
         if sample_every is not None and sample_every != self.sample_every:
+            last = self._next_sample - self.sample_every
             self.sample_every = sample_every
-            self._next_sample = min(self._next_sample, self._steps_done() + sample_every)
+            self._next_sample = min(self._next_sample, max(done + 1, last + sample_every))
             self.backward_due = min(self._next_sample, self._next_norm)
-        self.memory_every = max(5, min(self.sample_every, planned_steps // 100))
-        self._next_memory = min(self._next_memory, self._steps_done() + self.memory_every)
+        memory_every = max(5, min(self.sample_every, planned_steps // 100))
+        last, self.memory_every = self._next_memory - self.memory_every, memory_every
+        self._next_memory = min(self._next_memory, max(done + 1, last + memory_every))
         self._step_end_due = min(self._step_end_due, self._next_sample - 1, self._next_memory)
 
     def _steps_done(self) -> int:
@@ -313,7 +332,8 @@ class StepStats:
         window.activations = [ActivationSample(step, {k: _share_off(next(host)) for k in alive},
                                                kinds) for step, alive, kinds in activations]
         self._learning_rate(window)
-        self._adapt_stride(len(steps))
+        self._adapt_stride(len(steps), bool(loss) and not self._device_losses
+                           and loss[-1].__class__ is float)
         self._set_loss_jump(loss)
         self._clear()
         return window
@@ -331,6 +351,8 @@ class StepStats:
         if not self.optimizers or not self.optimizers[0].param_groups:
             return
         window.lr = float(self.optimizers[0].param_groups[0]["lr"])
+        window.max_lr = max((_group_lr(group) for opt in self.optimizers
+                             for group in opt.param_groups), default=None)
         self.peak_lr = max(self.peak_lr or 0.0, window.lr)
         window.peak_lr = self.peak_lr
 
@@ -345,7 +367,7 @@ class StepStats:
         wanted = _steps_to_spread(cost_s, self.budget, self._step_s)
         self.check_every = max(self.min_check_every, min(self.max_check_every, wanted))
 
-    def _adapt_stride(self, num_steps: int) -> None:
+    def _adapt_stride(self, num_steps: int, host_losses: bool = False) -> None:
         """Auto: measure gradient norms as often as ``overhead_budget`` of the step time allows."""
         now = self.clock()
         elapsed, self._window_start = now - self._window_start, now
@@ -361,7 +383,8 @@ class StepStats:
         cost = sorted(costs)[len(costs) // 2]  # one preempted measurement does not count
         step_s = elapsed / num_steps
         wanted = _steps_to_spread(cost, self.budget, step_s)
-        self.norm_every = max(1, min(_MAX_NORM_STRIDE, wanted))
+        least = _HOST_LOSS_NORM_STRIDE if host_losses and cost > _DEAR_NORM * step_s else 1
+        self.norm_every = max(least, min(_MAX_NORM_STRIDE, wanted))
 
 
 def _steps_to_spread(cost_s: float, budget: float, step_s: float) -> int:
@@ -369,6 +392,13 @@ def _steps_to_spread(cost_s: float, budget: float, step_s: float) -> int:
     if step_s <= 0:
         return 1
     return math.ceil(cost_s / (budget * step_s) * (1 - 1e-9))  # 30.000000000000004 is 30
+
+
+def _group_lr(group: dict[str, Any]) -> float:
+    try:
+        return float(group["lr"])  # a tensor lr (capturable optimizers) too
+    except (KeyError, TypeError, ValueError, RuntimeError):
+        return float("nan")
 
 
 def _stack(norms: list[Any]) -> Any:
