@@ -99,7 +99,8 @@ class PrudentCallback(_pl.Callback):
         if self.adapter.is_smoke:
             self._shorten(trainer)
         self.adapter.framework_checkpoint.bind(lambda folder: _save(trainer, folder),
-                                               lambda: _save_in_memory(trainer))
+                                               lambda: _save_in_memory(trainer),
+                                               lambda path: _load_live(trainer, path))
         if self.adapter.ctx.exit_on_stop:
             self._ctrl_c.install()
         # the generators as they were at the checkpoint, before Lightning draws the first
@@ -288,6 +289,19 @@ def _save_in_memory(trainer: Any) -> dict[str, bytes] | None:
     finally:
         strategy.checkpoint_io = previous
     return {_CKPT_FILE: keep.data} if keep.data is not None else None
+
+
+def _load_live(trainer: Any, path: Path) -> None:
+    """A checkpoint restored while ``fit`` runs (a rollback, early stopping's restore_best):
+    the module's weights and the optimizers' and LR schedulers' states as they were then, in
+    place, between two steps; Lightning's counters and loops go on (as a hand-written loop's
+    do). Loaded with ``weights_only=True``, as Lightning loads its own checkpoints."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    trainer.lightning_module.load_state_dict(checkpoint["state_dict"])
+    for optimizer, state in zip(trainer.optimizers, checkpoint.get("optimizer_states", [])):
+        optimizer.load_state_dict(state)
+    for config, state in zip(trainer.lr_scheduler_configs, checkpoint.get("lr_schedulers", [])):
+        config.scheduler.load_state_dict(state)
 
 
 class _BytesCheckpointIO(_pl.plugins.TorchCheckpointIO):  # type: ignore[misc]

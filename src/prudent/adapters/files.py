@@ -22,6 +22,8 @@ __all__ = ["FrameworkCheckpoint"]
 Writer = Callable[[Path], "Path | None"]
 # or, without the disk: {name: bytes} of the files, the first one is resumed from (None: as above)
 MemoryWriter = Callable[[], "dict[str, bytes] | None"]
+# loads the restored entry into the live framework's objects (a rollback while it trains)
+Loader = Callable[[Path], None]
 
 
 class FrameworkCheckpoint:
@@ -37,13 +39,21 @@ class FrameworkCheckpoint:
         self.restored: Path | None = None  # what the framework resumes from, once restored
         self._write: Writer | None = None
         self._in_memory: MemoryWriter | None = None
+        self._load_live: Loader | None = None
         self._state: dict[str, Any] = {}
 
-    def bind(self, write: Writer | None, in_memory: MemoryWriter | None = None) -> None:
+    def bind(self, write: Writer | None, in_memory: MemoryWriter | None = None,
+             load_live: Loader | None = None) -> None:
         """``in_memory``, when given, is tried first: the training thread then neither writes
         nor reads back a file nor makes a folder (``write`` is the fallback: it returned
-        None)."""
-        self._write, self._in_memory = write, in_memory
+        None). ``load_live``: while bound, a checkpoint restored during training (a rollback,
+        early stopping's best weights) is loaded into the framework's live objects too, not
+        only kept for the next resume."""
+        self._write, self._in_memory, self._load_live = write, in_memory, load_live
+
+    @property
+    def loads_live(self) -> bool:
+        return self._load_live is not None
 
     def state_dict(self) -> dict[str, Any]:
         if self._write is None:
@@ -77,3 +87,5 @@ class FrameworkCheckpoint:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
         self.restored = target / state["entry"]
+        if self._load_live is not None:
+            self._load_live(self.restored)

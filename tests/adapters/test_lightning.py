@@ -1,0 +1,78 @@
+"""prudent.lightning in this process: a checkpoint restored while Lightning trains (a rollback,
+early stopping's best weights) changes the live model and optimizer, not only the next resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from prudent.events import Component
+from prudent.testing import make_settings, tiny_loader, tiny_model
+
+L = pytest.importorskip("lightning")
+# Lightning's own _pytree calls a torch API that torch deprecates (not ours to change)
+pytestmark = pytest.mark.filterwarnings("ignore:`isinstance.treespec, LeafSpec.`:FutureWarning")
+
+
+class _Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = tiny_model()
+
+    def training_step(self, batch: Any, idx: int) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+class _RollBackAt(Component):
+    """Remembers the weights and momentum at ``keep`` (the step a checkpoint is taken), and at
+    ``restore`` asks the checkpointer for the newest checkpoint before ``keep + 1``."""
+
+    name = "roll_back_at"
+
+    def __init__(self, module: _Tiny, keep: int, restore: int) -> None:
+        self.module, self.keep, self.restore = module, keep, restore
+        self.kept: dict[str, torch.Tensor] = {}
+        self.after: dict[str, torch.Tensor] = {}
+        self.restored: Any = None
+
+    def on_step_end(self, run: Any, metrics: dict[str, Any]) -> None:
+        if run.state.step == self.keep:
+            self.kept = self._state()
+        if run.state.step == self.restore:
+            self.restored = run.checkpoints.restore(run, before_step=self.keep + 1)
+            self.after = self._state()
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        optimizer = self.module.trainer.optimizers[0]
+        state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        for i, param in enumerate(self.module.parameters()):
+            state[f"momentum{i}"] = optimizer.state[param]["momentum_buffer"].clone()
+        return state
+
+
+def test_a_rollback_during_fit_puts_the_live_weights_and_optimizer_back(tmp_path: Path) -> None:
+    from prudent.lightning import PrudentCallback
+
+    settings = make_settings(tmp_path, checkpoint={"every": "5steps", "at_epoch_end": False})
+    cb = PrudentCallback("roll", {}, exit_on_stop=False, settings=settings)
+    module = _Tiny()
+    probe = _RollBackAt(module, keep=5, restore=8)
+    cb.adapter.ctx.add_component(probe)
+    trainer = L.Trainer(max_steps=12, callbacks=[cb], accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(module, tiny_loader(num_samples=64, batch_size=8))
+
+    assert probe.restored is not None and probe.restored[1] == 5
+    assert probe.kept.keys() == probe.after.keys()
+    for key, kept in probe.kept.items():
+        assert torch.equal(kept, probe.after[key]), key  # the live objects, not only a file
+    assert trainer.global_step == 12 and cb.run.stop_reason is None  # fit went on to the end
