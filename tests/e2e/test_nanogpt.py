@@ -142,6 +142,25 @@ def test_prudent_preflight_of_a_nanogpt_passes_in_steps_with_a_projection(
     assert document["processes"]["smoke"]["seconds"] < 30  # shortened, not 200 iterations
 
 
+@pytest.mark.slow  # four short processes
+def test_preflight_ends_the_smoke_run_of_a_loop_that_counts_its_own_iterations(
+        project: Project) -> None:
+    """``for it in range(...)`` around run.step(): smoke mode cannot shorten that loop, so it
+    is stopped after the smoke run's steps (it used to train all 200 iterations, or until the
+    timeout on a real run), told how to let smoke mode end it, and still checked for resume."""
+    project.env["PRUDENT_SET"] = json.dumps({"own_counter": True})
+    result = project.prudent("preflight", "--json", "--", sys.executable, NANOGPT, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads(result.stdout)
+    checks = {c["id"]: c for c in document["checks"]}
+    assert checks["runs"]["status"] == "warn"
+    assert "counts its own iterations, so smoke mode had to stop it" in checks["runs"]["summary"]
+    assert "run.steps(max_iters)" in checks["runs"]["fix"]
+    assert checks["resume"]["status"] == "pass", checks["resume"]
+    assert len(document["processes"]) >= 3
+    assert document["processes"]["smoke"]["seconds"] < 30  # 16 steps, not 200
+
+
 @pytest.mark.slow
 def test_preflight_names_a_batch_generator_the_checkpoint_does_not_hold(project: Project) -> None:
     result = project.prudent("preflight", "--json", "--", sys.executable,

@@ -172,3 +172,23 @@ def test_overfit_cannot_rewind_a_generator_of_the_scripts_own(
     iterations(settings, generator=torch.Generator().manual_seed(1))
     inputs = [s["inputs"] for s in json.loads(smoke.read_text())["steps"]]
     assert len(set(inputs)) == len(inputs) == 12  # the overfit check says SKIP on this
+
+
+def test_a_loop_that_counts_its_own_iterations_is_stopped_after_the_smoke_steps(
+        settings: ProjectSettings, smoke: Path) -> None:
+    """``for it in range(max_iters)`` around run.step(): smoke mode cannot end the loop, so the
+    probe stops it once the short run's steps are done (it would otherwise train in full)."""
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = prudent.init(name="own-counter", settings=settings, exit_on_stop=False)
+    run.attach(model=model, optimizer=opt)
+    with run:
+        for _ in range(500):
+            x = torch.randn(8, 4)
+            run.backward(F.cross_entropy(model(x), (x[:, 0] > 0).long()))
+            opt.step()
+            opt.zero_grad()
+            run.step()
+    record = json.loads(smoke.read_text())
+    assert run.state.step == 6 and run.status == "stopped" and record["stop_reason"] == "preflight"
+    assert len(record["steps"]) == 6 and record["step_limit"] == 6

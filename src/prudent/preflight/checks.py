@@ -55,6 +55,13 @@ def check_runs(result: PreflightResult) -> CheckResult:
                            "run.step(): nothing was trained", "call run.step(loss=loss) once per "
                            "optimisation step, inside `for batch in run.batches(loader)` or "
                            "`for it in run.steps(max_iters)`")
+    if smoke.cut_short:
+        return CheckResult("runs", title, "warn", f"{_what_ran(record, result.steps)}; the loop "
+                           "counts its own iterations, so smoke mode had to stop it: the code "
+                           "after the loop (saving the model, a last evaluation) did not run",
+                           "loop with `for it in run.steps(max_iters):` (or `for batch in "
+                           "run.batches(loader)`): smoke mode then ends the loop itself, a resumed "
+                           "run goes on from its step, and preflight projects the full run")
     if record["status"] == "stopped":
         return CheckResult("runs", title, "warn", f"stopped early ({record['stop_reason']}) at "
                            f"step {record['final_step']}: the rest of the loop was not exercised",

@@ -89,6 +89,7 @@ class PreflightProbe(Component):
         self._peak_rss = 0
         self._out: Path | None = None
         self._yielding_last = False  # the next batch is the first epoch's last (after the scan)
+        self._batches_loaded = False  # the loop goes through run.batches (smoke mode shortens it)
         self._first_step_at: float | None = None
         self._inputs: Any = None  # this step's training inputs, hashed (hashlib.blake2b)
 
@@ -124,6 +125,7 @@ class PreflightProbe(Component):
 
     def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
         self._batch_started = time.perf_counter() - wait_s
+        self._batches_loaded = True
         leaves = structure.signature(batch)
         state = run.state
         self.record["pending_batch"] = {"step": state.step + 1, "epoch": state.epoch,
@@ -148,6 +150,18 @@ class PreflightProbe(Component):
                              f"{run.state.step}, to check that the run resumes exactly")
         if self.settings.mode == "overfit" and self._overfit_done(run.state.step, loss):
             run.request_stop(StopKind.PREFLIGHT, "preflight: the overfit-one-batch check is done")
+        elif self._counts_for_itself(run):
+            run.request_stop(StopKind.PREFLIGHT, f"preflight: smoke mode ended the loop after "
+                             f"{run.state.step} steps (it counts its own iterations: neither "
+                             "run.steps(n) nor run.batches(loader) can end it)")
+
+    def _counts_for_itself(self, run: RunContext) -> bool:
+        """A smoke run of a loop that smoke mode cannot shorten (``for it in range(n)`` around
+        ``run.step()``, no ``run.batches``) has had its short run's steps: only a stop ends it
+        before the timeout (it would train in full meanwhile)."""
+        state, limit = run.state, run.step_limit
+        return (self.settings.mode == "smoke" and limit is not None and state.step >= limit
+                and state.num_steps is None and not self._batches_loaded)
 
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self.record["num_logs"] = self.record.get("num_logs", 0) + 1

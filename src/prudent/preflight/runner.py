@@ -65,6 +65,18 @@ class PhaseResult:
     def status(self) -> str | None:
         return (self.record or {}).get("status")
 
+    @property
+    def cut_short(self) -> bool:
+        """Smoke mode stopped a loop that counts its own iterations (it cannot end it)."""
+        record = self.record or {}
+        return (record.get("status") == "stopped" and record.get("stop_reason") == "preflight"
+                and record.get("mode") == "smoke")
+
+    @property
+    def ran_its_course(self) -> bool:
+        """Completed, or ran the smoke run's steps before smoke mode had to stop it."""
+        return self.status == "completed" or self.cut_short
+
 
 @dataclass
 class PreflightResult:
@@ -215,7 +227,7 @@ def choose_stop_step(smoke: PhaseResult, preferred: int | None = None) -> int | 
     without epochs (run.steps) has no scan: any step but the last will do, ``preferred`` (the
     step the stop process was started with) if it is one.
     """
-    if smoke.status != "completed":
+    if not smoke.ran_its_course:
         return None
     record = smoke.record or {}
     steps = record["steps"]

@@ -28,7 +28,7 @@ run = prudent.init(name="nanogpt", config={
     "lr": 1e-2, "min_lr_ratio": 0.1, "warmup_iters": 10, "max_iters": 200, "eval_interval": 20,
     "eval_iters": 4, "batch_size": 16, "block_size": 32, "accum": 2, "grad_clip": 1.0,
     "weight_decay": 0.1, "n_layer": 2, "n_head": 2, "n_embd": 32, "seed": 1337, "threads": 0,
-    "sleep_s": 0.0, "out": ""})
+    "sleep_s": 0.0, "out": "", "own_counter": False})
 cfg = run.config
 if cfg["threads"]:
     torch.set_num_threads(cfg["threads"])
@@ -137,7 +137,10 @@ opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(0.9, 0.95),
 run.attach(model=model, optimizer=opt)
 accum = cfg["accum"]
 with run:
-    for it in run.steps(cfg["max_iters"]):
+    # own_counter: the loop as many scripts write it, counting for itself (preflight must still
+    # end its smoke run); it starts at run.state.step so that a resumed run goes on
+    for it in (range(run.state.step, cfg["max_iters"]) if cfg["own_counter"]
+               else run.steps(cfg["max_iters"])):
         lr = get_lr(it)
         for group in opt.param_groups:
             group["lr"] = lr
