@@ -362,6 +362,14 @@ def test_metric_rows_are_rolled_up_with_them_and_forgotten_with_the_run(store: S
         with store.engine.connect() as conn:
             assert tuple(conn.execute(stmt).one()) == (1000, 999, 0, 999, 0.0, 96.0, total,
                                                        999.0), width
+    with store.engine.connect() as conn:  # one row per bucket, whatever the batches
+        counts = dict(conn.execute(sa.select(r.width, sa.func.count()).group_by(r.width)).all())
+        assert counts == {w: -(-1000 // w) for w in ROLLUP_WIDTHS}
+    store.add_metrics([{**rows[-1], "step": 1000, "value": 7.0}])  # a slow run's next batch
+    with store.engine.connect() as conn:
+        newest = conn.execute(sa.select(r.num, r.last, r.high).where(r.width == ROLLUP_WIDTHS[-1])
+                              ).one()
+        assert tuple(newest) == (1001, 7.0, 96.0)
     store.delete_run("r1")
     with store.engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(metric_rollup)).scalar() == 0

@@ -10,6 +10,7 @@ Passwords in URLs are masked wherever prudent shows or records a URL (:func:`mas
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -94,8 +95,9 @@ metrics = sa.Table(
 )
 # Metric rows summed up per step bucket at a few widths, written in the same transaction as
 # the rows themselves (by whoever writes metrics: the writer thread, a record import): a viewer
-# of a million-point run reads thousands of these instead of a million rows. Insert-only: a
-# bucket that spans two batches has two rows, merged when read (every column merges).
+# of a million-point run reads thousands of these instead of a million rows. One row per
+# bucket: a batch's sums are merged into it (an upsert), so a slow run writing one step per
+# batch does not multiply its rows. SQLite and PostgreSQL; other databases keep none.
 metric_rollup = sa.Table(
     "metric_rollup", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -111,7 +113,8 @@ metric_rollup = sa.Table(
     sa.Column("high", sa.Float),
     sa.Column("total", sa.Float),  # sum of the values: a mean (the profiler's timeline)
     sa.Column("wall", sa.Float),  # the newest row's wall time
-    sa.Index("ix_metric_rollup_run_width", "run_id", "width"),
+    sa.Column("last", sa.Float),  # the newest row's value: the runs table's last metrics
+    sa.Index("ux_metric_rollup_bucket", "run_id", "width", "name", "bucket", unique=True),
 )
 ROLLUP_WIDTHS = (16, 64, 256, 1024, 4096, 16384, 65536)
 events = sa.Table(
@@ -361,7 +364,9 @@ class Store:
         with self._writer_engine.begin() as conn:
             if metric_rows:
                 conn.execute(metrics.insert(), list(metric_rows))
-                conn.execute(metric_rollup.insert(), rollup_rows(metric_rows))
+                upsert = _rollup_upsert(conn.dialect.name)
+                if upsert is not None:
+                    conn.execute(upsert, rollup_rows(metric_rows))
             if event_rows:
                 conn.execute(events.insert(), [_masked_event(r) for r in event_rows])
 
@@ -431,23 +436,52 @@ def _ensure_rollup(conn: sa.Connection) -> None:
     metric_rollup.create(conn)
 
 
+@functools.cache
+def _rollup_upsert(dialect: str) -> sa.Executable | None:
+    """INSERT ... ON CONFLICT DO UPDATE merging a batch's sums into its buckets' rows."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+        lesser, greater = sa.func.least, sa.func.greatest  # both skip NULLs
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+
+        def lesser(a: Any, b: Any) -> Any:  # SQLite's min(a, NULL) is NULL
+            return sa.func.min(sa.func.coalesce(a, b), sa.func.coalesce(b, a))
+
+        def greater(a: Any, b: Any) -> Any:
+            return sa.func.max(sa.func.coalesce(a, b), sa.func.coalesce(b, a))
+    else:
+        return None
+    stmt = insert(metric_rollup)
+    old, new = metric_rollup.c, stmt.excluded
+    return stmt.on_conflict_do_update(
+        index_elements=[old.run_id, old.width, old.name, old.bucket],
+        set_={"num": old.num + new.num, "num_values": old.num_values + new.num_values,
+              "first_step": lesser(old.first_step, new.first_step),
+              "last_step": greater(old.last_step, new.last_step),
+              "low": lesser(old.low, new.low), "high": greater(old.high, new.high),
+              "total": sa.func.coalesce(old.total + new.total, old.total, new.total),
+              "wall": greater(old.wall, new.wall), "last": new.last})
+
+
 def rollup_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """``metric_rollup`` rows summing up metric rows at every width of ``ROLLUP_WIDTHS``.
     One dict update per metric row (the narrowest width); the wider ones merge those."""
     narrow: dict[tuple[str, str, int], list[Any]] = {}
     width = ROLLUP_WIDTHS[0]
-    for row in rows:
+    for order, row in enumerate(rows):
         value, step, wall = row["value"], row["step"], row["wall"]
         if value is not None and value != value:  # NaN: stored as NULL, a gap
             value = None
         key = (row["run_id"], row["name"], step // width)
         found = narrow.get(key)
         if found is None:
-            narrow[key] = [1, int(value is not None), step, step, value, value, value, wall]
+            narrow[key] = [1, int(value is not None), step, step, value, value, value, wall,
+                           value, order]
             continue
         found[0] += 1  # _merge, inlined: this loop runs once per metric row
         found[2], found[3] = min(found[2], step), max(found[3], step)
-        found[7] = max(found[7], wall)
+        found[7], found[8], found[9] = max(found[7], wall), value, order
         if value is not None:
             found[1] += 1
             if found[4] is None:
@@ -465,7 +499,8 @@ def rollup_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             else:
                 merged[key] = list(sums)
         levels[wider], width = merged, wider
-    columns = ("num", "num_values", "first_step", "last_step", "low", "high", "total", "wall")
+    columns = ("num", "num_values", "first_step", "last_step", "low", "high", "total", "wall",
+               "last")  # not the order of the last row: a batch's own
     return [{"run_id": run_id, "name": name, "width": w, "bucket": bucket,
              **dict(zip(columns, sums))}
             for w, level in levels.items() for (run_id, name, bucket), sums in level.items()]
@@ -477,6 +512,8 @@ def _merge(into: list[Any], other: Sequence[Any]) -> None:
     into[2] = min(into[2], other[2])
     into[3] = max(into[3], other[3])
     into[7] = max(into[7], other[7])
+    if other[9] > into[9]:  # the newer last row, in the batch's order
+        into[8], into[9] = other[8], other[9]
     if other[4] is not None:
         if into[4] is None:
             into[4:7] = other[4:7]

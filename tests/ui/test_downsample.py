@@ -94,6 +94,8 @@ def test_the_rollup_draws_what_the_rows_draw(tmp_path: Path) -> None:
     n = 256 * 400  # 400 buckets of 256 steps: the rollup's width, so both read the same ranges
     store = ReadOnlyStore(_long_run(tmp_path, n, batch=3_333))
     assert store.rollup_covers("r")
+    assert store.last_metrics("r") == Store.last_metrics(store, "r") == {"loss": math.cos(
+        (n - 1) / 900)}  # the runs table's value, from the rollup as from the rows
     (rolled,) = run_series(store, "r", n - 1, num_buckets=400)
     store.rollup_covers = lambda run_id: False  # type: ignore[method-assign]
     (raw,) = run_series(store, "r", n - 1, num_buckets=400)

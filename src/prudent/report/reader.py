@@ -81,6 +81,20 @@ class ReadOnlyStore(Store):
                 return False
         return True
 
+    def last_metrics(self, run_id: str) -> dict[str, float | None]:
+        """The newest value of each metric of the run (the runs table): from the rollup's few
+        widest buckets (the newest by wall time, then step) when it covers the run, else a pass
+        over the run's rows (``Store.last_metrics``)."""
+        from prudent.store import ROLLUP_WIDTHS, metric_rollup
+
+        if not self.rollup_covers(run_id):
+            return super().last_metrics(run_id)
+        r = metric_rollup.c
+        rows = self.read(sa.select(r.name, r.last).where(r.run_id == run_id,
+                                                         r.width == ROLLUP_WIDTHS[-1])
+                         .order_by(r.wall, r.last_step))
+        return dict(sorted(dict(rows).items()))  # the newest of each name wins
+
     def rollup_names(self, run_id: str) -> set[str] | None:
         """The run's metric names from the rollup (a few rows), None when it has none."""
         from prudent.store import ROLLUP_WIDTHS, metric_rollup
