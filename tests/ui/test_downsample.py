@@ -160,3 +160,18 @@ def test_a_long_run_has_its_profile_timeline_from_the_rollup(tmp_path: Path) -> 
         assert a["cpu_pct"] == pytest.approx(b["cpu_pct"], abs=0.5)
         assert a["rss_mb"] == pytest.approx(b["rss_mb"], abs=0.5)
     assert rolled[-1]["step"] == raw[-1]["step"] == 40_000
+
+
+def test_a_rollup_of_another_shape_is_read_around(tmp_path: Path) -> None:
+    """A store whose rollup a different prudent wrote (another shape; the viewer never
+    migrates): the curves and the runs table come from the rows."""
+    url = _long_run(tmp_path, 30_000, batch=30_000)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE metric_rollup DROP COLUMN last")
+    engine.dispose()
+    store = ReadOnlyStore(url)
+    assert not store.rollup_covers("r")
+    (loss,) = run_series(store, "r", 29_999, num_buckets=500)
+    assert loss["count"] == 30_000 and store.last_metrics("r") == {"loss": math.cos(29_999 / 900)}
+    store.close()

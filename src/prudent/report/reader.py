@@ -107,8 +107,17 @@ class ReadOnlyStore(Store):
         return {row[0] for row in rows}
 
     def _has_rollup(self) -> bool:
+        """The rollup table is there, of this prudent's shape (another is read around)."""
+        from prudent.store import metric_rollup
+
+        def shaped(conn: sa.Connection) -> bool:
+            inspector = sa.inspect(conn)
+            return inspector.has_table("metric_rollup") and {
+                c["name"] for c in inspector.get_columns("metric_rollup")} == set(
+                metric_rollup.c.keys())
+
         if not getattr(self, "_rollup_seen", False):  # once there, it stays
-            self._rollup_seen = self._read(lambda c: sa.inspect(c).has_table("metric_rollup"))
+            self._rollup_seen = self._read(shaped)
         return self._rollup_seen
 
     def metrics_token(self, run_id: str) -> str:
