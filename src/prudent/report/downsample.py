@@ -35,7 +35,8 @@ Series = dict[str, Any]  # {"name", "steps": [...], "values": [...], "count", "d
 
 def run_series(store: ReadOnlyStore, run_id: str, last_step: int,
                num_buckets: int = DEFAULT_BUCKETS) -> list[Series]:
-    """Every metric of the run, each at most ``2 * num_buckets`` points, by name."""
+    """Every metric of the run but the profiler's machine series (``profile/*``: drawn from
+    :func:`profile_timeline`), each at most ``2 * num_buckets`` points, by name."""
     width = max(1, math.ceil((max(last_step, 1) + 1) / num_buckets))
     level = max((w for w in ROLLUP_WIDTHS if w <= width), default=None)
     if level is not None and store.rollup_covers(run_id):
@@ -44,7 +45,8 @@ def run_series(store: ReadOnlyStore, run_id: str, last_step: int,
     bucket = (m.step // width).label("bucket") if width > 1 else m.step.label("bucket")
     stmt = (sa.select(m.name, bucket, sa.func.count(), sa.func.min(m.step), sa.func.max(m.step),
                       sa.func.min(m.value), sa.func.max(m.value), sa.func.count(m.value))
-            .where(m.run_id == run_id).group_by(m.name, bucket).order_by(m.name, bucket))
+            .where(m.run_id == run_id, ~m.name.startswith(PROFILE_PREFIX))
+            .group_by(m.name, bucket).order_by(m.name, bucket))
     grouped: dict[str, list[Sequence[Any]]] = {}
     for row in store.read(stmt):
         grouped.setdefault(row[0], []).append(row[2:])
@@ -58,12 +60,12 @@ def _rolled_up_series(store: ReadOnlyStore, run_id: str, level: int, width: int
     stmt = (sa.select(r.name, bucket, sa.func.sum(r.num), sa.func.min(r.first_step),
                       sa.func.max(r.last_step), sa.func.min(r.low), sa.func.max(r.high),
                       sa.func.sum(r.num_values))
-            .where(r.run_id == run_id, r.width == level)
+            .where(r.run_id == run_id, r.width == level, ~r.name.startswith(PROFILE_PREFIX))
             .group_by(r.name, bucket).order_by(r.name, bucket))
     grouped: dict[str, list[Sequence[Any]]] = {}
-    for row in store.read(stmt):
-        grouped.setdefault(row[0], []).append([int(v) if i in (0, 5) else v
-                                               for i, v in enumerate(row[2:])])
+    for name, _, num, first, last, low, high, num_values in store.read(stmt):
+        # PostgreSQL's sum() of integers is a bigint, SQLite's an int; either way a count
+        grouped.setdefault(name, []).append((int(num), first, last, low, high, int(num_values)))
     return [envelope(name, rows) for name, rows in grouped.items()]
 
 
