@@ -27,7 +27,7 @@ Reproduce (a quiet machine: the load average is printed)::
 
     python benchmarks/adapters.py                      # each framework, 8 rounds x 400 steps
     python benchmarks/adapters.py --framework lightning --epoch-steps 45 --steps 150
-    python benchmarks/adapters.py --framework lightning --hidden 1024   # a ~5x longer step
+    python benchmarks/adapters.py --framework lightning --hidden 1024   # a longer step
     python benchmarks/adapters.py --clock cpu          # on a busy machine
 """
 
