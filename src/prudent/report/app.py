@@ -2,9 +2,12 @@
 
 Starlette, GET only (any other method is answered 405: nothing here writes). Each page is the
 report's shell; its data comes from ``/api/...`` (the same dicts as the report), fetched while
-Plotly's bundle loads. A run's page asks twice at once: ``?quick=1`` (everything but the curves,
-answered in milliseconds, so a million-point run's page opens at once) and the full page,
-whose curves follow. A running run's page polls its ``/api/runs/ID?since=TOKEN`` every
+Plotly's bundle loads. A run's page asks twice at once: ``?quick=1`` and the full page. A run
+the store's rollup covers is answered whole to the first (its curves cost milliseconds; the
+twin request waits for that build and takes it from the cache: one build per run at a time);
+for one it does not (written before the rollup) the quick answer is everything but the
+curves, so a million-point run's page opens at once, and the curves follow. A running run's
+page polls its ``/api/runs/ID?since=TOKEN`` every
 second: the answer is ``{"unchanged": true}`` until the run gains a metric or an event. A run's
 data is cached by that token, so a finished run's downsampling runs once.
 """
@@ -78,6 +81,7 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore, studies: Any = N
 
     home = settings.store.home
     cache = _RunCache()
+    builds: dict[str, threading.Lock] = {}  # one build of a run's page at a time
     last_values = _RunCache(size=10_000)
 
     def last_metrics(run_id: str) -> dict[str, float | None]:  # a scan per run: only on change
@@ -115,21 +119,25 @@ def create_app(settings: ProjectSettings, store: ReadOnlyStore, studies: Any = N
         except ConfigError as exc:
             return json_response({"error": str(exc)}, 404)
         token = store.metrics_token(run_id)
-        cached = cache.get(run_id, token)
-        if request.query_params.get("quick") and cached is None:
+        quick = request.query_params.get("quick")
+        if quick and cache.get(run_id, token) is None and not store.rollup_covers(run_id):
             return json_response(run_page(store, run_id, home, series=False))
         if request.query_params.get("since") == token:
             return json_response({"unchanged": True, "token": token})
-        page = cached
+        with builds.setdefault(run_id, threading.Lock()):  # the page and its twin request
+            return json_response(run_data(run_id, token, request.query_params.get("since")))
+
+    def run_data(run_id: str, token: str, since: str | None) -> dict[str, Any]:
+        page = cache.get(run_id, token)
         if page is None or page["run"]["status"] == "running":
             page = cache.recent(run_id)  # a live run's page: rebuilt at a bounded rate
-            if page is not None and page["token"] == request.query_params.get("since"):
-                return json_response({"unchanged": True, "token": page["token"]})
+            if page is not None and page["token"] == since:
+                return {"unchanged": True, "token": page["token"]}
         if page is None:
             started = time.perf_counter()
             page = run_page(store, run_id, home)
             cache.put(run_id, page["token"], page, time.perf_counter() - started)
-        return json_response(page)
+        return page
 
     def compare_html(request: Request) -> Response:
         ids = request.query_params.get("ids", "")

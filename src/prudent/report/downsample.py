@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_BUCKETS", "PROFILE_PREFIX", "Series", "envelope", "profile_t
 
 DEFAULT_BUCKETS = 1500
 PROFILE_PREFIX = "profile/"  # the profiler's machine series (its sampler), not the model's
-MAX_TIMELINE_POINTS = 2048
+MAX_TIMELINE_POINTS = 600  # about a chart's width in pixels: more points only cost drawing
 
 Series = dict[str, Any]  # {"name", "steps": [...], "values": [...], "count", "downsampled"}
 
@@ -76,7 +76,8 @@ def profile_timeline(store: ReadOnlyStore, run_id: str, started_at: float,
     seconds): flat dicts ``{"t": seconds since the run started, "step", "cpu_pct", ...}``,
     averaged over equal time buckets when there are more than ``max_points``. A run of
     ``last_step`` >= 16 x ``max_points`` steps is read from the rollup (its buckets of steps
-    are then finer than the timeline's buckets of time), others from their rows."""
+    are then finer than the timeline's buckets of time), others from their rows. The local
+    ``profile.json`` (the profiler's own timeline) is drawn as it is."""
     names = store.rollup_names(run_id)
     if names is not None and not any(n.startswith(PROFILE_PREFIX) for n in names):
         return []  # the run has no profiler series: no pass over its rows to find none

@@ -446,6 +446,7 @@
       runPage(data);
       const full = data.series === null && window.prudentFull ? window.prudentFull : Promise.resolve(data);
       full.then((fresh) => {
+        performance.mark('prudent-full-data');
         if (fresh.error) throw new Error(fresh.error);
         if (fresh !== data) updateRun(fresh);
         if (SETTINGS.live && fresh.run.status === 'running') poll(fresh, updateRun, 1000);
