@@ -54,11 +54,18 @@ TARGETS = {"page_open_cold_s": 1.0, "page_load_cold_s": 1.0, "report_drawn_s": 1
            "report_data_bytes": 1e6, "report_bytes": 6e6}
 
 
-def build_store(home: Path, points: int) -> None:
-    """One run of ``points`` steps, written through the store as a run writes it."""
+PROFILE_SERIES = ("cpu_pct", "system_cpu_pct", "rss_mb", "steps_per_s", "samples_per_s",
+                  "data_pct", "compute_pct", "other_pct")
+
+
+def build_store(home: Path, points: int, profile_every: int = 0) -> None:
+    """One run of ``points`` steps, written through the store as a run writes it; with
+    ``profile_every``, the profiler's samples (``profile/*``) every that many steps and no
+    ``profile.json`` beside it (a live run's page, or a run from another machine)."""
     store = Store(f"sqlite:///{home / 'prudent.db'}")
+    started = time.time() - points * 0.05
     store.create_run("big", "a long run", config={"lr": 3e-4, "steps": points},
-                     command="python train.py", started_at=time.time() - points * 0.05)
+                     command="python train.py", started_at=started)
     rng = random.Random(0)
     rows: list[dict[str, Any]] = []
     for step in range(1, points + 1):
@@ -72,6 +79,10 @@ def build_store(home: Path, points: int) -> None:
                          "wall": step * 0.05})
             rows.append({"run_id": "big", "step": step, "name": "lr",
                          "value": 3e-4 * math.cos(math.pi * step / points / 2), "wall": 0.0})
+        if profile_every and step % profile_every == 0:
+            rows.extend({"run_id": "big", "step": step, "name": f"profile/{name}",
+                         "value": 50 + 10 * rng.random(), "wall": started + step * 0.05}
+                        for name in PROFILE_SERIES)
         if len(rows) >= 50_000:
             store.add_metrics(rows)
             rows = []
@@ -173,6 +184,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "report.json"))
     parser.add_argument("--keep", default=None, help="Build the store here and keep it.")
+    parser.add_argument("--profile-every", type=int, default=0, help="Add the profiler's "
+                        "samples every N steps (0: none, the lead's definition; 40: a real "
+                        "run's profile/* series, their charts drawn too).")
     args = parser.parse_args()
     args.load = os.getloadavg()  # others' work on the machine skews every figure: say how much
     from playwright.sync_api import sync_playwright
@@ -181,7 +195,7 @@ def main() -> None:
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "prudent.db").exists():
         started = time.perf_counter()
-        build_store(home, args.points)
+        build_store(home, args.points, args.profile_every)
         print(f"store of {args.points:,} points built in {time.perf_counter() - started:.1f} s")
     rounds: list[dict[str, Any]] = []
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -235,7 +249,8 @@ def write(rounds: list[dict[str, Any]], args: argparse.Namespace) -> None:
     result = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                           "platform": platform.platform(), "load_average_start": args.load,
                           "load_average": os.getloadavg()},
-              "points": args.points, "chart_bundle": bundle_for("run"), "rollup": rollup,
+              "points": args.points, "profile_every": args.profile_every,
+              "chart_bundle": bundle_for("run"), "rollup": rollup,
               "targets": TARGETS, "median": median, "rounds": rounds}
     print(f"chart bundle {result['chart_bundle']}; curves from the rollup: {rollup}; load "
           f"average {args.load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
