@@ -62,3 +62,18 @@ def test_auto_takes_one_measuring_save_then_waits_for_its_result() -> None:
     assert schedule.due_at_step(1)
     schedule.saved(1)
     assert not any(schedule.due_at_step(s) for s in range(2, 100))  # the write is in flight
+
+
+def test_auto_saves_at_an_epoch_end_only_where_it_costs_at_most_a_percent() -> None:
+    """Epochs of a tenth of a second: a save at each cost more than the steps (4 saves in a
+    150-step Lightning round); under auto an epoch-end save waits for 100 x its measured cost."""
+    clock = FakeClock()
+    schedule = SaveSchedule("auto", at_epoch_end=True, mtbi="6h", clock=clock)
+    assert schedule.due_at_epoch_end(0)  # nothing measured yet: the epoch end saves
+    schedule.saved(45)
+    schedule.measured(stall_s=0.003, write_s=0.01)  # 3 ms a save: at most one per 0.3 s
+    clock.advance(0.09)
+    assert not schedule.due_at_epoch_end(1)
+    clock.advance(0.25)
+    assert schedule.due_at_epoch_end(2)
+    assert SaveSchedule("10min", at_epoch_end=True, mtbi="6h").due_at_epoch_end(0)  # as asked

@@ -4,7 +4,10 @@
 save costs the loop), then every τ seconds, where τ minimises the expected time lost to
 checkpointing plus re-doing work after an interruption (Daly 2006, the higher-order form of
 Young's τ = √(2δM)): δ is the measured time the loop is blocked per save, M the mean time
-between interruptions. τ is never shorter than twice the time a background write takes.
+between interruptions. τ is never shorter than twice the time a background write takes. Epoch-end saves (on by
+default) come on top, but under ``auto`` only where they cost the loop at most ~1% of the time
+since the last save: on epochs of a tenth of a second a save at each one cost more than the
+steps (Lightning on the digits: 4 saves in 150 steps).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from prudent.units import parse_duration_s, parse_interval
 __all__ = ["SaveSchedule", "daly_interval_s"]
 
 MIN_AUTO_INTERVAL_S = 5.0
+EPOCH_END_COST_SHARE = 0.01  # under auto, an epoch-end save blocks the loop at most this share
 
 
 def daly_interval_s(cost_s: float, mtbi_s: float) -> float:
@@ -60,6 +64,8 @@ class SaveSchedule:
     def due_at_epoch_end(self, finished_epoch: int) -> bool:
         if self.kind == "epochs":
             return (finished_epoch + 1) % max(1, int(self.amount)) == 0
+        if self.kind == "auto" and self.at_epoch_end and self.cost_s is not None:
+            return self.clock() - self._last_time >= self.cost_s / EPOCH_END_COST_SHARE
         return self.at_epoch_end
 
     def saved(self, step: int) -> None:

@@ -15,7 +15,9 @@ class CheckpointSettings(BaseModel):
     enabled: bool = Field(True, description="Save checkpoints and resume from them.")
     every: str = Field("auto", description="'500steps', '10min', '1epoch', 'off', or 'auto': the "
                        "Young/Daly interval from the measured save cost and mtbi.")
-    at_epoch_end: bool = Field(True, description="Also save when an epoch ends.")
+    at_epoch_end: bool = Field(True, description="Also save when an epoch ends (under every: "
+                               "auto, only where that save blocks the loop for at most ~1% of "
+                               "the time since the last save: tiny epochs are not each saved).")
     on_stop: bool = Field(True, description="Save when the run is asked to stop (preemption, "
                           "budget, a rule), before it exits.")
     keep: int = Field(2, description="How many verified checkpoints to keep (>= 1).")
