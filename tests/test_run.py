@@ -172,6 +172,27 @@ def test_keyboard_interrupt_is_recorded_as_interrupted(settings: ProjectSettings
     assert (run.status, run.stop_reason) == ("stopped", "interrupted")
 
 
+def test_ctrl_c_outside_with_run_is_recorded_as_interrupted_not_failed(tmp_path: Path) -> None:
+    """A framework's fit (Keras, Hugging Face) lets Ctrl-C out of the script past every hook:
+    the run is closed at exit, and its record must say interrupted, as `with run:` does."""
+    import subprocess
+    import sys
+
+    code = ("import prudent\n"
+            "run = prudent.init(name='fit', exit_on_stop=False)\n"
+            "run.step(loss=1.0)\n"
+            "raise KeyboardInterrupt\n")
+    env = {**os.environ, "PRUDENT_HOME": str(tmp_path), "PRUDENT_CONSOLE": "off"}
+    env.pop("PRUDENT_RUN_ID", None)
+    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert child.returncode != 0 and "KeyboardInterrupt" in child.stderr
+    store = Store.open(ProjectSettings.model_validate({"store": {"home": str(tmp_path)}}).store)
+    (row,) = store.list_runs()
+    assert (row["status"], row["stop_reason"]) == ("stopped", "interrupted")
+    store.close()
+
+
 def test_sigterm_becomes_preempted_stop_at_next_step(settings: ProjectSettings) -> None:
     run = prudent.init(name="sigterm", settings=settings, exit_on_stop=False)
     with run:

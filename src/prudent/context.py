@@ -333,6 +333,10 @@ class RunContext:
         failed = uncaught_exception()
         if isinstance(failed, StopRun):
             self.finish("stopped", failed.stop, failed.message)
+        elif isinstance(failed, KeyboardInterrupt):  # Ctrl-C through a framework's fit: as in
+            reason = self.pending_stop or StopReason(  # `with run:`, a stop, not a failure
+                StopKind.INTERRUPTED, None, "KeyboardInterrupt (Ctrl-C)")
+            self.finish("stopped", reason, reason.message)
         elif failed is not None:
             self.finish("failed", StopReason(StopKind.ERROR, None, describe(failed)),
                         describe(failed))
