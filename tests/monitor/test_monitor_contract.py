@@ -190,3 +190,24 @@ def test_a_gradient_norm_that_grows_while_the_loss_reaches_new_lows_is_not_an_ex
     assert first_firing(lambda step: 2.3 / (1 + step / 50)) is None
     # the same norms with a loss that stopped falling: an explosion, judged at once
     assert first_firing(lambda step: 2.3 / (1 + min(step, 190) / 50)) == 201
+
+
+def test_gradients_that_vanish_once_the_loss_has_collapsed_are_convergence_not_a_starved_layer(
+        ) -> None:
+    """A tiny BERT that learnt its task (loss 0.69 -> 0.009) has key-weight gradients of 3e-8:
+    the default stop ended that healthy run at step ~125. The same layers with a loss still
+    near its start are a starved stack, and fire."""
+    def first_firing(loss_of: object) -> int | None:
+        rule_ = make("vanishing_gradient", warmup_steps=0)
+        for start in range(1, 600, 50):
+            steps = list(range(start, start + 50))
+            layers = [LayerSample(start + 49, {"attention.key.weight": 3e-8,
+                                               "classifier.weight": 8e-3}, 1e-3)]
+            found = rule_.check(Window(steps=steps, loss=[loss_of(s) for s in steps],  # type: ignore[operator]
+                                       layers=layers))
+            if found is not None:
+                return found.step
+        return None
+
+    assert first_firing(lambda step: 0.69 if step <= 50 else 0.009) is None
+    assert first_firing(lambda step: 0.69) == 150  # the third sample in a row

@@ -185,27 +185,47 @@ class VanishingGradientSettings(RuleSettings):
                              "its first layers).")
     patience: int = Field(3, ge=1, description="Layer samples in a row (one every "
                           "monitor.sample_every_steps).")
+    converged: float = Field(0.05, gt=0, lt=1, description="Not judged while the training loss "
+                             "is below this fraction of its first value: the model has learnt "
+                             "its task and small gradients are convergence (a tiny BERT that "
+                             "solved its task, loss 0.69 -> 0.009, has key-weight gradients "
+                             "of 3e-8), not a starved layer.")
 
 
 class VanishingGradientRule(Rule):
     """Some weight matrices get (almost) no gradient, measured per layer every few steps.
 
     Exactly-zero gradients are skipped: an unused parameter or dead units are not vanishing
-    (``dead_activations`` reports the latter).
+    (``dead_activations`` reports the latter). A run whose loss fell to a small fraction of
+    its first value is not judged: its gradients vanish because it has learnt.
     """
 
     name = "vanishing_gradient"
     needs = frozenset({"layers"})
     Settings = VanishingGradientSettings
     settings: VanishingGradientSettings
-    state_fields = ("count",)
+    state_fields = ("count", "first_loss")
 
     def __init__(self, settings: VanishingGradientSettings | None = None) -> None:
         super().__init__(settings)
         self.count = 0
+        self.first_loss: float | None = None  # median of the first window's finite losses
 
     def check(self, window: Window) -> Finding | None:
+        if self._converged(window):
+            self.count = 0
+            return None
         return self.first_finding(window.layers, self._judge)
+
+    def _converged(self, window: Window) -> bool:
+        losses = sorted(v for _, v in window.finite_losses())
+        if not losses:
+            return False
+        median = losses[len(losses) // 2]
+        if self.first_loss is None:
+            self.first_loss = median
+            return False
+        return self.first_loss > 0 and median < self.settings.converged * self.first_loss
 
     def _judge(self, sample: LayerSample) -> Finding | None:
         rms = {k: v for k, v in sample.grad_rms.items() if finite(v) and v > 0}
