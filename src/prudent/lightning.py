@@ -128,7 +128,11 @@ class PrudentCallback(_pl.Callback):
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         optimizers = {f"optimizer{i or ''}": opt for i, opt in enumerate(trainer.optimizers)}
-        self.adapter.watch(model=pl_module, **optimizers)
+        # the schedulers too: a rule's reduce_lr scales their base learning rates as well, or
+        # the next scheduler step would undo it
+        schedulers = {f"scheduler{i or ''}": config.scheduler
+                      for i, config in enumerate(getattr(trainer, "lr_scheduler_configs", []))}
+        self.adapter.watch(model=pl_module, **optimizers, **schedulers)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._global_step = trainer.global_step

@@ -91,6 +91,22 @@ def test_reduce_lr_without_an_optimizer_says_what_to_attach(home: Path) -> None:
         assert "run.attach(optimizer=...)" in ReduceLRAction().apply(run.context, firing())
 
 
+def test_reduce_lr_reaches_an_optimizer_an_adapter_shows_but_never_attaches(home: Path) -> None:
+    """Lightning's and Hugging Face's optimizers reach the components through an ATTACH event
+    (the adapter's watch), not run.attach (the framework saves them): reduce_lr did nothing."""
+    from prudent.events import Event
+    from prudent.monitor import Monitor
+
+    opt = torch.optim.SGD(tiny_model().parameters(), lr=0.1)
+    run = prudent.init(name="act", settings=make_settings(home), exit_on_stop=False)
+    (monitor,) = [c for c in run.context.components if isinstance(c, Monitor)]
+    with run:
+        run.context.emit(Event.ATTACH, {"optimizer": opt})
+        assert "optimizer" not in run.context.objects
+        assert monitor.actions["reduce_lr"].apply(run.context, firing()) == "learning rate 0.1 -> 0.05"
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+
+
 def test_every_action_name_has_an_action() -> None:
     from prudent.monitor.base import ACTION_NAMES
 

@@ -113,15 +113,17 @@ class ReduceLRAction(Action):
 
     name = "reduce_lr"
 
-    def __init__(self, settings: ReduceLRSettings | None = None) -> None:
+    def __init__(self, settings: ReduceLRSettings | None = None,
+                 watched: dict[int, Any] | None = None) -> None:
         self.settings = settings or ReduceLRSettings()
         self.last_step: int | None = None
+        self.watched = watched if watched is not None else {}  # see build_actions
 
     def apply(self, run: RunContext, firing: Firing) -> str:
         s, step = self.settings, firing.detected_at
         if self.last_step is not None and step - self.last_step < s.cooldown_steps:
             return f"reduce_lr in cooldown (reduced at step {self.last_step})"
-        optimizers, schedulers = _optimizers_and_schedulers(run.objects)
+        optimizers, schedulers = _optimizers_and_schedulers(run.objects, self.watched)
         if not optimizers:
             return "reduce_lr: no optimizer attached (run.attach(optimizer=...))"
         before, after = _scale_lrs(optimizers, s.factor, s.min_lr)
@@ -156,8 +158,10 @@ class RollbackAction(Action):
 
     name = "rollback"
 
-    def __init__(self, settings: RollbackSettings | None = None) -> None:
+    def __init__(self, settings: RollbackSettings | None = None,
+                 watched: dict[int, Any] | None = None) -> None:
         self.settings = settings or RollbackSettings()
+        self.watched = watched if watched is not None else {}  # see build_actions
         self.count = 0
         self.skip_left = 0  # batches still to skip (the monitor's batch wrapper reads it)
         self.skips_batches = False  # the loop uses run.batches: skipping data is possible
@@ -192,7 +196,7 @@ class RollbackAction(Action):
         factor = self.settings.lr_factor
         if factor == 1.0:
             return ""
-        optimizers, schedulers = _optimizers_and_schedulers(run.objects)
+        optimizers, schedulers = _optimizers_and_schedulers(run.objects, self.watched)
         before, after = _scale_lrs(optimizers, factor, 0.0)
         _scale_schedulers(schedulers, factor, 0.0)
         return f"; learning rate {before:.3g} -> {after:.3g}"
@@ -240,16 +244,22 @@ ACTIONS: dict[str, type[Action]] = {cls.name: cls for cls in (
     RollbackAction)}
 
 
-def build_actions(settings: ActionSettings) -> dict[str, Action]:
+def build_actions(settings: ActionSettings, watched: dict[int, Any] | None = None
+                  ) -> dict[str, Action]:
+    """The actions of a monitor. ``watched``: every object the run's ATTACH events showed (the
+    monitor fills it), so that the learning-rate actions also reach optimizers an adapter
+    watches (Lightning's, Hugging Face's) but never attaches: the framework saves those."""
     return {"stop": StopAction(), "prune": PruneAction(), "alert": AlertAction(),
-            "capture": CaptureAction(), "reduce_lr": ReduceLRAction(settings.reduce_lr),
-            "skip": SkipAction(), "rollback": RollbackAction(settings.rollback)}
+            "capture": CaptureAction(),
+            "reduce_lr": ReduceLRAction(settings.reduce_lr, watched),
+            "skip": SkipAction(), "rollback": RollbackAction(settings.rollback, watched)}
 
 
-def _optimizers_and_schedulers(objects: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+def _optimizers_and_schedulers(objects: dict[str, Any], watched: dict[int, Any]
+                               ) -> tuple[list[Any], list[Any]]:
     import torch
 
-    values = list(objects.values())
+    values = list({id(o): o for o in [*objects.values(), *watched.values()]}.values())
     return ([o for o in values if isinstance(o, torch.optim.Optimizer)],
             [o for o in values if isinstance(o, torch.optim.lr_scheduler.LRScheduler)])
 

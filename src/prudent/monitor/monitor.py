@@ -60,7 +60,8 @@ class Monitor(Component):
         self.settings = settings or MonitorSettings()
         self.rules = build_rules(self.settings)
         self.stats = StepStats(self.settings)
-        self.actions: dict[str, Action] = build_actions(self.settings.actions)
+        self._watched: dict[int, Any] = {}  # every object an ATTACH showed (adapters' too)
+        self.actions: dict[str, Action] = build_actions(self.settings.actions, self._watched)
         self.firings: list[Firing] = []
         self.stream = stream
         self.quiet = quiet
@@ -109,6 +110,7 @@ class Monitor(Component):
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         self.stats.attach(objects)
+        self._watched.update((id(o), o) for o in objects.values())
 
     def on_after_backward(self, run: RunContext, loss: Any) -> None:
         # the hot path: on most steps one comparison of the loss (read once for every
