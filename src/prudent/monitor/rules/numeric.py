@@ -185,7 +185,7 @@ class VanishingGradientSettings(RuleSettings):
                              "its first layers).")
     patience: int = Field(3, ge=1, description="Layer samples in a row (one every "
                           "monitor.sample_every_steps).")
-    converged: float = Field(0.05, gt=0, lt=1, description="Not judged while the training loss "
+    converged: float = Field(0.1, gt=0, lt=1, description="Not judged while the training loss "
                              "is below this fraction of its first value: the model has learnt "
                              "its task and small gradients are convergence (a tiny BERT that "
                              "solved its task, loss 0.69 -> 0.009, has key-weight gradients "
