@@ -4,10 +4,11 @@
 save costs the loop), then every τ seconds, where τ minimises the expected time lost to
 checkpointing plus re-doing work after an interruption (Daly 2006, the higher-order form of
 Young's τ = √(2δM)): δ is the measured time the loop is blocked per save, M the mean time
-between interruptions. τ is never shorter than twice the time a background write takes. Epoch-end saves (on by
-default) come on top, but under ``auto`` only where they cost the loop at most ~1% of the time
-since the last save: on epochs of a tenth of a second a save at each one cost more than the
-steps (Lightning on the digits: 4 saves in 150 steps).
+between interruptions. τ is never shorter than twice the time a background write takes.
+
+Epoch-end saves (on by default) come on top, but under ``auto`` only where they cost the loop
+at most ~1% of the time since the last save: on epochs of a tenth of a second a save at each
+one cost more than the steps (Lightning on the digits: 4 saves in 150 steps).
 """
 
 from __future__ import annotations
