@@ -104,6 +104,7 @@ SCENARIOS = [
     Scenario("healthy_finetune", None),
     Scenario("healthy_sparse_eval", None),
     Scenario("healthy_shift", None),
+    Scenario("healthy_solved", None),
 ]
 
 
