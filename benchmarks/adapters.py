@@ -54,6 +54,23 @@ HOOK_S: list[float] = []  # per step: seconds inside the prudent callback's hook
 CALLBACK: list[Any] = [None]  # the prudent arm's callback (its run's stop reason, if any)
 HOOK_LEFT = [0.0]  # hook time after the last step (the epoch-end save)
 LOOP_TAIL = [0.0]  # from the last step's end to the loop's end (the epoch-end work, a save)
+
+
+class _StepClock:
+    """The step times of one fit, by the framework's own end-of-step and end-of-training hooks
+    (each framework's callback below only forwards to it)."""
+
+    def __init__(self, times: list[float], clock: Any) -> None:
+        self.times, self.clock, self.last = times, clock, None
+
+    def step_ended(self) -> None:
+        now = self.clock()
+        if self.last is not None:
+            self.times.append(now - self.last)
+        self.last = now
+
+    def train_ended(self) -> None:  # after the epoch-end save (both arms)
+        LOOP_TAIL[0] = self.clock() - self.last if self.last is not None else 0.0
 EPOCH_STEPS: list[int | None] = [None]  # Lightning: steps per epoch (None: one epoch)
 
 
@@ -115,17 +132,14 @@ def _lightning_fit(with_prudent: bool, steps: int, clock: Any) -> list[float]:
 
     times: list[float] = []
 
+    step_clock = _StepClock(times, clock)
+
     class StepTimes(L.Callback):
-        last: float | None = None
-
         def on_train_batch_end(self, *args: Any) -> None:
-            now = clock()
-            if self.last is not None:
-                times.append(now - self.last)
-            self.last = now
+            step_clock.step_ended()
 
-        def on_train_end(self, *args: Any) -> None:  # after the epoch-end save (both arms)
-            LOOP_TAIL[0] = clock() - self.last if self.last is not None else 0.0
+        def on_train_end(self, *args: Any) -> None:
+            step_clock.train_ended()
 
     callbacks: list[Any] = [StepTimes()]
     if with_prudent:
@@ -164,17 +178,14 @@ def _transformers_fit(with_prudent: bool, steps: int, clock: Any) -> list[float]
 
     times: list[float] = []
 
-    class StepTimes(TrainerCallback):
-        last: float | None = None
+    step_clock = _StepClock(times, clock)
 
+    class StepTimes(TrainerCallback):
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            now = clock()
-            if self.last is not None:
-                times.append(now - self.last)
-            self.last = now
+            step_clock.step_ended()
 
         def on_train_end(self, *args: Any, **kwargs: Any) -> None:
-            LOOP_TAIL[0] = clock() - self.last if self.last is not None else 0.0
+            step_clock.train_ended()
 
     callbacks: list[Any] = [StepTimes()]
     if with_prudent:
@@ -213,17 +224,14 @@ def _keras_fit(with_prudent: bool, steps: int, clock: Any) -> list[float]:
 
     times: list[float] = []
 
-    class StepTimes(keras.callbacks.Callback):
-        last: float | None = None
+    step_clock = _StepClock(times, clock)
 
+    class StepTimes(keras.callbacks.Callback):
         def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
-            now = clock()
-            if self.last is not None:
-                times.append(now - self.last)
-            self.last = now
+            step_clock.step_ended()
 
         def on_train_end(self, *args: Any, **kwargs: Any) -> None:
-            LOOP_TAIL[0] = clock() - self.last if self.last is not None else 0.0
+            step_clock.train_ended()
 
     callbacks: list[Any] = [StepTimes()]
     if with_prudent:
