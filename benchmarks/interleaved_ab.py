@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import TensorDataset
 
 import prudent
 from prudent.events import Event
@@ -54,9 +53,7 @@ from prudent.monitor import Monitor
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from handler_cost import context_of
 from overhead import (
-    BATCH_SIZE,
-    CLASSES,
-    IN_FEATURES,
+    make_data,
     other_load,
     prudent_environment,
     training_parts,
@@ -134,16 +131,6 @@ def one_run(make_parts: Any, block: int, start_on: bool, which: str = "monitor",
     return steps[True], steps[False], pairs
 
 
-def learnable_data(steps: int) -> TensorDataset:
-    """The overhead benchmark's inputs with labels the MLP can learn (a fixed linear teacher):
-    on random labels the loss never falls, and after ~1300 steps ``loss_not_decreasing`` rightly
-    stops the run."""
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(steps * BATCH_SIZE, IN_FEATURES, generator=generator)
-    teacher = torch.randn(IN_FEATURES, CLASSES, generator=generator)
-    return TensorDataset(x, (x @ teacher).argmax(1))
-
-
 def measure(make_parts: Any, runs: int, block: int, which: str, step_clock: Any = clock
             ) -> dict[str, Any]:
     on: list[float] = []
@@ -172,9 +159,9 @@ def run_ab(which: str, runs: int, steps: int, block: int, step_clock: str = "wal
            ) -> dict[str, Any]:
     """A short warm-up run, then ``runs`` measured runs of ``steps`` steps, ``which`` switched
     (``monitor`` or ``all``), each step timed by ``step_clock`` (``wall`` or ``cpu``)."""
-    one_run(training_parts(learnable_data(4 * block)), block, True, which)
+    one_run(training_parts(make_data(4 * block)), block, True, which)
     with other_load() as load:
-        result = measure(training_parts(learnable_data(steps)), runs, block, which,
+        result = measure(training_parts(make_data(steps)), runs, block, which,
                          CLOCKS[step_clock])
     return {**result, "clock": step_clock, **load}
 
