@@ -7,9 +7,12 @@ long run instead, every ``block`` steps: both arms share the process, the data, 
 whatever the machine does meanwhile, and drift cancels between neighbouring blocks. Off means
 their per-step handlers are taken out of the run's event lists (the kernel and capture's batch
 wrapper stay); the monitor's clock is paused meanwhile, so its overhead budget sees only the
-steps it watched, as in a run of its own. Two A/Bs: the monitor alone (issue 4: "the median
-step time grows by at most 2%"), and every default component against none (issue 2: "at most
-3% to the median step", for a ~2 ms step).
+steps it watched, as in a run of its own. Two A/Bs: the monitor alone (issue 13: at most 1%
+to the median step; issue 4 allowed 2%), and every default component against none (issues 2
+and 13: at most 3%, for a ~1.1 ms step). ``--which Profiler`` (any component's class name)
+switches one component alone, with no target: where the whole set's figure comes from.
+Each run's own figure is printed too: on a shared VM runs disagree by a percent or two, which
+is what a single figure hides.
 
 Two figures each, for the on-blocks against the off-blocks: the median single step, and the
 mean step, which also counts periodic work (rule checks, layer samples; for "all" also
@@ -30,6 +33,7 @@ Reproduce::
     python benchmarks/interleaved_ab.py                  # both A/Bs, 3 runs x 6000 steps, ~1 min
     python benchmarks/interleaved_ab.py --which monitor --runs 5 --steps 10000
     python benchmarks/interleaved_ab.py --which all --clock cpu   # on a busy machine
+    python benchmarks/interleaved_ab.py --which FailureCapture --runs 5
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ from overhead import (
 clock = time.perf_counter  # the monitor's clock, and the steps' unless --clock cpu
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 PER_STEP_EVENTS = (Event.BATCH_LOADED, Event.AFTER_BACKWARD, Event.STEP_END)
-# the median step may grow by at most: issue 4 (the monitor), issue 2 (every default component)
-TARGET_PCT = {"monitor": 2.0, "all": 3.0}
+# the median step may grow by at most: issue 13 (the monitor 1%, was 2% in issue 4; every
+# default component 3%, issue 2); a single component named with --which has no target
+TARGET_PCT = {"monitor": 1.0, "all": 3.0}
 WHAT = {"monitor": "the default rules", "all": "every default component"}
 
 
@@ -75,7 +80,15 @@ class _Switch:
         self.context = context_of(run)
         components = self.context.components
         monitor = next(c for c in components if isinstance(c, Monitor))
-        self.switched = [monitor] if which == "monitor" else list(components)
+        if which == "monitor":
+            self.switched = [monitor]
+        elif which == "all":
+            self.switched = list(components)
+        else:  # one component by its class name: what it alone costs by the wall clock
+            self.switched = [c for c in components if type(c).__name__ == which]
+            if not self.switched:
+                raise SystemExit(f"--which {which}: no such component in a default run; one of "
+                                 f"{', '.join(sorted(type(c).__name__ for c in components))}")
         self.stats = monitor.stats
         self.paused_s = 0.0
         self._off_since: float | None = None
@@ -136,12 +149,14 @@ def measure(make_parts: Any, runs: int, block: int, which: str, step_clock: Any 
     on: list[float] = []
     off: list[float] = []
     pairs: list[tuple[float, float]] = []
+    per_run: list[float] = []  # each run's own median-step figure: how far runs disagree
     for index in range(runs):
         run_on, run_off, run_pairs = one_run(make_parts, block, index % 2 == 0, which,
                                              step_clock)
         on += run_on
         off += run_off
         pairs += run_pairs
+        per_run.append(100 * (statistics.median(run_on) / statistics.median(run_off) - 1))
     ratios = [a / b for a, b in pairs]
     quartiles = statistics.quantiles(ratios, n=4)
     median_on, median_off = statistics.median(on), statistics.median(off)
@@ -151,7 +166,8 @@ def measure(make_parts: Any, runs: int, block: int, which: str, step_clock: Any 
         "median_step_added_pct": 100 * (median_on / median_off - 1),
         "mean_step_added_pct": 100 * (statistics.median(ratios) - 1),
         "mean_step_added_pct_quartiles": [100 * (q - 1) for q in (quartiles[0], quartiles[2])],
-        "target_pct": TARGET_PCT[which],
+        "median_step_added_pct_per_run": per_run,
+        "target_pct": TARGET_PCT.get(which),
     }
 
 
@@ -167,15 +183,19 @@ def run_ab(which: str, runs: int, steps: int, block: int, step_clock: str = "wal
 
 
 def verdict(result: dict[str, Any]) -> str:
-    ok = result["median_step_added_pct"] <= result["target_pct"]
+    target = result["target_pct"]
+    ok = target is None or result["median_step_added_pct"] <= target
     low, high = result["mean_step_added_pct_quartiles"]
     clock_name = "" if result.get("clock", "wall") == "wall" else " (thread CPU time)"
     busy = result.get("other_busy_cores")
     load = "" if busy is None else f"; other processes kept {busy:.2f} cores busy"
-    return (f"{'PASS' if ok else 'FAIL'}: with {WHAT[result['switched']]} on, the median step"
-            f"{clock_name} "
+    runs = ", ".join(f"{pct:+.2f}%" for pct in result.get("median_step_added_pct_per_run", []))
+    what = WHAT.get(result["switched"], result["switched"])
+    head = "" if target is None else f"{'PASS' if ok else 'FAIL'}: "
+    goal = "" if target is None else f"; target <= {target:g}%"
+    return (f"{head}with {what} on, the median step{clock_name} "
             f"grows {result['median_step_added_pct']:+.2f}% ({result['median_step_ms_off']:.3f} "
-            f"-> {result['median_step_ms_on']:.3f} ms; target <= {result['target_pct']:g}%); the "
+            f"-> {result['median_step_ms_on']:.3f} ms{goal}; each run alone: {runs}); the "
             f"mean step, periodic work included, {result['mean_step_added_pct']:+.2f}% "
             f"(quartiles of {result['runs']} runs' block pairs {low:+.2f}%..{high:+.2f}%)"
             f"{load}")
@@ -183,7 +203,8 @@ def verdict(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--which", choices=["monitor", "all", "both"], default="both")
+    parser.add_argument("--which", default="both", help="monitor, all, both (default), or one "
+                        "component's class name (Profiler, FailureCapture, ...): switched alone")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6000, help="steps per run (one epoch)")
     parser.add_argument("--block", type=int, default=100, help="steps per on or off block")

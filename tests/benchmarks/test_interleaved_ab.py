@@ -16,7 +16,7 @@ ab = pytest.importorskip("benchmarks.interleaved_ab")
 def test_switching_off_removes_the_monitors_handlers_and_hooks_and_on_restores_them(
         tmp_path: Path) -> None:
     with ab.prudent_environment(str(tmp_path / "home")):
-        model, opt, _ = ab.training_parts(ab.learnable_data(2))()
+        model, opt, _ = ab.training_parts(ab.make_data(2))()
         run = prudent.init(name="switch", exit_on_stop=False)
         monitor = next(c for c in run.context.components if isinstance(c, Monitor))
         run.attach(model=model, optimizer=opt)
@@ -47,6 +47,6 @@ def test_switching_all_off_leaves_only_the_kernel(tmp_path: Path) -> None:
 @pytest.mark.parametrize("which", ["monitor", "all"])
 def test_one_run_alternates_blocks_and_pairs_neighbours(tmp_path: Path, which: str) -> None:
     with ab.prudent_environment(str(tmp_path / "home")):
-        on, off, pairs = ab.one_run(ab.training_parts(ab.learnable_data(80)), 20, True, which)
+        on, off, pairs = ab.one_run(ab.training_parts(ab.make_data(80)), 20, True, which)
     assert len(on) == len(off) == 40 and len(pairs) == 2
     assert all(a > 0 and b > 0 for a, b in pairs)
