@@ -392,3 +392,24 @@ def test_a_rollup_table_of_another_shape_is_made_anew(store: Store, store_url: s
         assert columns == set(metric_rollup.c.keys())
         assert conn.execute(sa.select(sa.func.count()).select_from(metric_rollup)).scalar() == 7
     again.close()
+
+
+def test_a_nan_metric_reads_back_as_a_gap_on_every_database(store: Store, store_url: str) -> None:
+    """SQLite turns a NaN into NULL; PostgreSQL would keep it, and its max() sorts NaN above
+    every number: a short run's curve (read raw) then held NaN where SQLite's has a gap, and
+    `prudent show` printed nan for a last value SQLite shows as missing."""
+    from prudent.report.downsample import run_series
+    from prudent.report.reader import ReadOnlyStore
+
+    store.create_run("r1", "one")
+    store.add_metrics([{"run_id": "r1", "step": s, "name": "loss", "wall": float(s),
+                        "value": float("nan") if s == 3 else float(s)} for s in range(6)]
+                      + [{"run_id": "r1", "step": 6, "name": "val_loss", "wall": 6.0,
+                          "value": float("nan")}])
+    reader = ReadOnlyStore(store_url)
+    [loss, val_loss] = sorted(run_series(reader, "r1", last_step=6), key=lambda s: s["name"])
+    reader.engine.dispose()
+    assert loss["values"] == [0.0, 1.0, 2.0, None, 4.0, 5.0]
+    assert val_loss["values"] == [None]
+    assert store.last_metrics("r1") == {"loss": 5.0, "val_loss": None}
+    assert store.metric_series("r1", "loss")[3] == (3, None)

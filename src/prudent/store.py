@@ -363,6 +363,8 @@ class Store:
                        event_rows: Sequence[dict[str, Any]]) -> None:
         with self._writer_engine.begin() as conn:
             if metric_rows:
+                if conn.dialect.name != "sqlite":  # SQLite stores a NaN as NULL by itself
+                    metric_rows = [_nan_as_null(r) for r in metric_rows]
                 conn.execute(metrics.insert(), list(metric_rows))
                 upsert = _rollup_upsert(conn.dialect.name)
                 if upsert is not None:
@@ -462,6 +464,14 @@ def _rollup_upsert(dialect: str) -> sa.Executable | None:
               "low": lesser(old.low, new.low), "high": greater(old.high, new.high),
               "total": sa.func.coalesce(old.total + new.total, old.total, new.total),
               "wall": greater(old.wall, new.wall), "last": new.last})
+
+
+def _nan_as_null(row: dict[str, Any]) -> dict[str, Any]:
+    """A metric row whose NaN is NULL, as SQLite stores it: PostgreSQL would keep the NaN, and
+    its max() ranks NaN above every number (a curve's bucket, a run's last value read nan where
+    SQLite has a gap)."""
+    value = row["value"]
+    return {**row, "value": None} if value is not None and value != value else row
 
 
 def rollup_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
