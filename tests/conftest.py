@@ -15,9 +15,11 @@ from prudent.config import ProjectSettings
 from prudent.testing import make_settings
 from tests.postgres import pg_url, postgres  # noqa: F401 - fixtures for every test folder
 
-# Threads meant to live as long as the test session: fsspec's shared IO loop, and servers
-# started by session fixtures (which register theirs here).
+# Threads and processes meant to live as long as the test session: fsspec's shared IO loop,
+# and servers or browsers started by session fixtures (which register theirs here; a process's
+# descendants are the session's too).
 SESSION_THREADS: set[threading.Thread] = set()
+SESSION_PIDS: set[int] = set()
 _SESSION_THREAD_NAMES = ("fsspecIO", "asyncio_")
 
 
@@ -54,9 +56,22 @@ def no_leaks() -> Iterator[None]:
         time.sleep(0.05)
     assert not leaked, f"threads left running: {[t.name for t in leaked]}"
     children = psutil.Process().children(recursive=True)
+    if SESSION_PIDS:  # a session server's own children (a browser's renderers) come and go
+        SESSION_PIDS.update(p.pid for p in children if _parent_in_session(p))
+        children = [p for p in children if p.pid not in SESSION_PIDS and p.is_running()]
     for child in children:
-        child.kill()
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass  # it ended on its own meanwhile: still a process the test left behind
     assert not children, f"child processes left running: {children}"
+
+
+def _parent_in_session(process: psutil.Process) -> bool:
+    try:
+        return any(parent.pid in SESSION_PIDS for parent in process.parents())
+    except psutil.Error:
+        return False
 
 
 def _environment() -> dict[str, str]:

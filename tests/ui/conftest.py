@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,14 +23,12 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import _environment, _is_session_thread
+from tests.conftest import SESSION_PIDS
 
 SCRIPT = str(Path(__file__).parent / "scripts" / "train.py")
 NAN_AT = 150  # the nan run's poisoned step: the non_finite rule fires at the step after it
 XSS_NAME = "<script>alert(1)</script>"
 XSS_NOTE = "<img src=x onerror=alert(2)>"
-# Processes that live as long as the session: Playwright's driver and its browser, servers.
-SESSION_PIDS: set[int] = set()
 
 
 def chromium_path() -> str | None:
@@ -59,36 +56,6 @@ def browser(browser: Any) -> Any:
     """The session's browser; its processes are the session's, not a test's leak."""
     SESSION_PIDS.update(p.pid for p in psutil.Process().children(recursive=True))
     return browser
-
-
-@pytest.fixture(autouse=True)
-def no_leaks() -> Iterator[None]:
-    """tests/conftest.py's leak check, which lets the session's browser and servers live."""
-    env_before = _environment()
-    threads_before = set(threading.enumerate())
-    yield
-    assert _environment() == env_before, "the test changed os.environ without restoring it"
-    deadline = time.monotonic() + 5
-    while True:
-        leaked = [t for t in threading.enumerate()
-                  if t not in threads_before and t.is_alive() and not _is_session_thread(t)]
-        if not leaked or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
-    assert not leaked, f"threads left running: {[t.name for t in leaked]}"
-    SESSION_PIDS.update(p.pid for p in psutil.Process().children(recursive=True)
-                        if p.pid in SESSION_PIDS or _parent_in_session(p))
-    children = [p for p in psutil.Process().children(recursive=True) if p.pid not in SESSION_PIDS]
-    for child in children:
-        child.kill()
-    assert not children, f"child processes left running: {children}"
-
-
-def _parent_in_session(process: psutil.Process) -> bool:
-    try:
-        return any(parent.pid in SESSION_PIDS for parent in process.parents())
-    except psutil.Error:
-        return False
 
 
 def project_env(home: Path) -> dict[str, str]:
