@@ -115,3 +115,39 @@ def test_in_a_tuning_trial_early_stopping_prunes(monkeypatch: pytest.MonkeyPatch
     assert Monitor().rules["early_stopping"].settings.action == ["prune"]
     monkeypatch.delenv("PRUDENT_TUNE_TRIAL")
     assert Monitor().rules["early_stopping"].settings.action == ["stop"]
+
+
+def judge_with_train(rule: EarlyStoppingRule, values: list[tuple[float, float]],
+                     metric: str = "val_acc") -> int | None:
+    """As :func:`judge`, each evaluation with the mean training loss since the one before."""
+    for index, (value, train) in enumerate(values, start=1):
+        if rule.check(Window(evals=[EvalSample(index * 100, {metric: value}, train)])):
+            return index
+    return None
+
+
+def test_a_run_that_learns_nothing_is_stopped_after_two_evaluations_not_five() -> None:
+    # random labels: val_acc never beats its first evaluation, the training loss stays near
+    # ln(10) (memorising, 2.31 -> 2.25: within 10%)
+    chance = [(0.115, 2.309), (0.109, 2.280), (0.080, 2.253), (0.086, 2.213), (0.076, 2.162)]
+    rule = EarlyStoppingRule()
+    assert judge_with_train(rule, chance) == 3
+    finding = EarlyStoppingRule().check(Window(evals=[
+        EvalSample(100 * i, {"val_acc": v}, t) for i, (v, t) in enumerate(chance, start=1)]))
+    assert finding is not None and "nothing is being learned" in finding.message
+    assert "2.253" in finding.message and "2.309" in finding.message
+
+
+def test_no_shorter_patience_once_something_was_learned() -> None:
+    # a saddle: the validation loss improves a little at every evaluation
+    assert judge_with_train(EarlyStoppingRule(), [(2.305, 2.301), (2.298, 2.296), (2.20, 2.26),
+                                                   (1.88, 2.00)], metric="val_loss") is None
+    # the best is a later evaluation: Keras' patience (5 here) as before
+    later = [(0.10, 2.30), (0.12, 2.29), (0.11, 2.28), (0.11, 2.27), (0.10, 2.26), (0.11, 2.25),
+             (0.10, 2.24), (0.10, 2.23)]
+    assert judge_with_train(EarlyStoppingRule(), later) == 7
+    # the training loss fell more than 10% (fitting the training set, not nothing): patience 5
+    fitting = [(0.5, 2.0), (0.49, 1.7), (0.48, 1.5), (0.47, 1.4), (0.46, 1.3), (0.45, 1.2)]
+    assert judge_with_train(EarlyStoppingRule(), fitting) == 6
+    # without a training loss only the metric speaks: patience 5
+    assert judge(EarlyStoppingRule(), [0.5, 0.4, 0.4, 0.4, 0.4, 0.4], metric="val_acc") == 6

@@ -61,7 +61,10 @@ class UpdateRatioRule(Rule):
         self.zero_since: int | None = None
 
     def fit(self, planned_steps: int) -> str | None:
-        self.sized(planned_steps, warmup_steps=min(100, planned_steps // 10))
+        # a twentieth: the samples after it still need `patience` in a row, and a learning
+        # rate warm-up is not judged (its lr is the peak so far, and its updates are small
+        # but not 1e-6 of the weights)
+        self.sized(planned_steps, warmup_steps=min(100, planned_steps // 20))
         return None
 
     def check(self, window: Window) -> Finding | None:

@@ -65,7 +65,9 @@ class LossNotDecreasingRule(Rule):
         self.first_values: list[float] = []
 
     def fit(self, planned_steps: int) -> str | None:
-        warmup = min(100, planned_steps // 50)
+        # a short warm-up: the blocks are means (an initial drop only makes the first block
+        # the one to beat) and the patience below is what guards a saddle, not the warm-up
+        warmup = min(100, planned_steps // 200)
         room = planned_steps // 10 - warmup  # a verdict within about a tenth of the run
         # the verdict early in the run, but blocks of at least 100 steps: the mean of
         # fewer mini-batch losses is too noisy to compare at 1% (and a plateau is no verdict)
@@ -144,9 +146,11 @@ class DivergenceSettings(RuleSettings):
     progress_lost: float = Field(0.5, gt=0, description="Fire when the smoothed loss gives back "
                                  "this fraction of the progress from its first value to its "
                                  "best...")
-    min_rise: float = Field(1.0, gt=0, description="...and rises at least this fraction of "
+    min_rise: float = Field(0.5, gt=0, description="...and rises at least this fraction of "
                             "|best| above its best (so a run that made little progress is not "
-                            "judged on noise).")
+                            "judged on noise; 0.5: the interquartile mean of 50 steps 1.5x its "
+                            "best is no mini-batch noise, and 1.0 waited for the loss to double "
+                            "while it had long given back half its progress).")
 
 
 class DivergenceRule(Rule):

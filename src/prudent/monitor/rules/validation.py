@@ -34,6 +34,16 @@ class EarlyStoppingSettings(RuleSettings):
                           "noisy evaluations pass).")
     baseline: float | None = Field(None, description="A value the metric must beat: until it "
                                    "does, every evaluation counts as one without improvement.")
+    no_progress_patience: int = Field(2, ge=1, description="Fewer evaluations of patience "
+                                      "while nothing has been learned: the metric never beat "
+                                      "its first evaluation and the training loss is still "
+                                      "within no_progress_train of where it was then (a "
+                                      "classifier on random labels); two signals agree, so "
+                                      "Lightning's 3 checks less the first.")
+    no_progress_train: float = Field(0.1, gt=0, le=1, description="How far the training loss "
+                                     "must fall below its value at the first evaluation, "
+                                     "relative (0.1 = 10%, loss_not_decreasing's max_progress), "
+                                     "before a run counts as learning something.")
     restore_best: bool = Field(True, description="Keep the best evaluation's checkpoint (never "
                                "rotated out) and, when this rule stops the run, put its weights "
                                "back: the final weights are the best ones.")
@@ -53,7 +63,8 @@ class EarlyStoppingRule(Rule):
     needs = frozenset({"evals"})
     Settings = EarlyStoppingSettings
     settings: EarlyStoppingSettings
-    state_fields = ("metric", "best", "best_step", "waited", "num_evals")
+    state_fields = ("metric", "best", "best_step", "waited", "num_evals", "first_step",
+                    "first_train")
 
     def __init__(self, settings: EarlyStoppingSettings | None = None) -> None:
         super().__init__(settings)
@@ -62,6 +73,8 @@ class EarlyStoppingRule(Rule):
         self.best_step: int | None = None
         self.waited = 0
         self.num_evals = 0
+        self.first_step: int | None = None  # the first evaluation, and the training loss then
+        self.first_train: float | None = None
         self.improved = False
         self.judged = False  # saw the metric at least once (kept when the rule starts over)
 
@@ -91,6 +104,8 @@ class EarlyStoppingRule(Rule):
         score = self.sign(metric) * value
         self.num_evals += 1
         self.judged = True
+        if self.first_step is None:
+            self.first_step, self.first_train = sample.step, sample.train_loss
         reference = self.best
         if s.baseline is not None:
             reference = min(reference if reference is not None else float("inf"),
@@ -101,9 +116,28 @@ class EarlyStoppingRule(Rule):
         if self.best is None or score < self.best:  # beats the best so far, not the baseline
             self.best, self.best_step, self.improved = score, sample.step, True
         self.waited += 1
-        if self.waited < s.patience:
-            return None
-        return Finding(sample.step, value, self._target(metric), self._message(sample, value))
+        if self.waited >= s.patience:
+            return Finding(sample.step, value, self._target(metric), self._message(sample, value))
+        if self.waited >= s.no_progress_patience and self._nothing_learned(sample):
+            return Finding(sample.step, value, self._target(metric),
+                           self._message(sample, value) + self._no_progress_message(sample))
+        return None
+
+    def _nothing_learned(self, sample: EvalSample) -> bool:
+        """The best is still the first evaluation and the training loss has not fallen
+        ``no_progress_train`` below what it was then: neither signal shows learning, so the
+        patience that lets a noisy plateau *after progress* pass is not needed (a healthy net
+        in a saddle still lowers its validation loss a little at every evaluation)."""
+        first, now = self.first_train, sample.train_loss
+        if self.best_step != self.first_step or not finite(first) or not finite(now):
+            return False
+        return now > first - self.settings.no_progress_train * abs(first)  # type: ignore[operator]
+
+    def _no_progress_message(self, sample: EvalSample) -> str:
+        return (f", its first evaluation, while the training loss {fmt(sample.train_loss)} is "
+                f"still within {self.settings.no_progress_train:.0%} of its "
+                f"{fmt(self.first_train)} then: nothing is being learned (patience "
+                f"{self.settings.no_progress_patience} evaluations, not {self.settings.patience})")
 
     def _target(self, metric: str) -> float | None:
         if self.best is None:
