@@ -38,8 +38,8 @@ class EarlyStoppingSettings(RuleSettings):
                                       "while nothing has been learned: the metric never beat "
                                       "its first evaluation and the training loss is still "
                                       "within no_progress_train of where it was then (a "
-                                      "classifier on random labels); two signals agree, so "
-                                      "Lightning's 3 checks less the first.")
+                                      "classifier on random labels): validation and "
+                                      "training agree, so fewer than Lightning's 3 checks.")
     no_progress_train: float = Field(0.1, gt=0, le=1, description="How far the training loss "
                                      "must fall below its value at the first evaluation, "
                                      "relative (0.1 = 10%, loss_not_decreasing's max_progress), "
@@ -53,6 +53,11 @@ class EarlyStoppingRule(Rule):
     """No improvement of a validation metric for ``patience`` evaluations (Keras' and
     Lightning's ``EarlyStopping``: ``patience`` counts evaluations, i.e. ``run.log`` calls that
     carry the metric, not epochs).
+
+    A run that has learned nothing needs less patience: when the metric never beat its first
+    evaluation and the training loss is still within ``no_progress_train`` of its value then,
+    it fires after ``no_progress_patience`` evaluations (patience exists to let a noisy plateau
+    *after progress* pass; a saddle still improves its validation a little at each evaluation).
 
     ``best_step`` is the step of the best evaluation so far and ``improved`` says whether the
     last window brought a new best: the monitor keeps that evaluation's checkpoint for
