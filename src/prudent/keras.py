@@ -116,7 +116,7 @@ class PrudentCallback(keras.callbacks.Callback):
         model.train_function = self._train_or_skip
         if adapter.is_smoke:
             self._smoke_steps = adapter.smoke_steps or 8
-        adapter.framework_checkpoint.bind(self._save)
+        adapter.framework_checkpoint.bind(self._save, load_live=self._load_live)
         if adapter.resume_path is not None:
             self._load(Path(adapter.resume_path))
         else:
@@ -134,6 +134,12 @@ class PrudentCallback(keras.callbacks.Callback):
 
             torch.save(self._epoch_rng, target / "epoch_rng.pt")
         return target
+
+    def _load_live(self, folder: Path) -> None:
+        """A checkpoint restored while ``fit`` runs (a rule's rollback, early stopping's best
+        weights): the weights and the optimizer's state go into the live model between two
+        steps (Keras assigns its variables in place); ``fit``'s epoch and batch go on."""
+        self.model.load_weights(str(folder / WEIGHTS))
 
     def _load(self, folder: Path) -> None:
         model = self.model

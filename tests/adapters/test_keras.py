@@ -117,3 +117,46 @@ def _walk(value):
         yield value
         for item in value.values():
             yield from _walk(item)
+
+
+class _RollBackAt(Component):
+    """Remembers the weights and the optimizer's variables at ``keep`` (the step a checkpoint
+    is taken), and at ``restore`` asks the checkpointer for the newest one before ``keep + 1``."""
+
+    name = "roll_back_at"
+
+    def __init__(self, model, keep: int, restore: int) -> None:
+        self.model, self.keep, self.restore = model, keep, restore
+        self.kept: list[np.ndarray] = []
+        self.after: list[np.ndarray] = []
+        self.restored = None
+
+    def on_step_end(self, run, metrics) -> None:
+        if run.state.step == self.keep:
+            self.kept = self._state()
+        if run.state.step == self.restore:
+            self.restored = run.checkpoints.restore(run, before_step=self.keep + 1)
+            self.after = self._state()
+
+    def _state(self) -> list[np.ndarray]:
+        return [_numpy(v).copy() for v in [*self.model.weights, *self.model.optimizer.variables]]
+
+
+def test_a_rollback_during_fit_puts_the_live_weights_and_optimizer_back(tmp_path: Path) -> None:
+    from prudent.keras import PrudentCallback
+
+    settings = make_settings(tmp_path, console={"mode": "off"},
+                             checkpoint={"every": "5steps", "at_epoch_end": False})
+    cb = PrudentCallback("roll", {}, exit_on_stop=False, settings=settings)
+    model = _model()
+    probe = _RollBackAt(model, keep=5, restore=8)
+    cb.adapter.ctx.add_component(probe)
+    x = np.random.default_rng(0).normal(size=(96, 4)).astype("float32")
+    model.fit(x, x[:, :1], epochs=1, batch_size=8, verbose=0, callbacks=[cb])
+
+    assert probe.restored is not None and probe.restored[1] == 5
+    assert len(probe.kept) == len(probe.after) > len(model.weights)  # Adam's moments too
+    for kept, after in zip(probe.kept, probe.after):
+        np.testing.assert_array_equal(kept, after)  # the live model, not only a file
+    assert int(_numpy(model.optimizer.iterations)) == 12 - 3  # fit went on after step 8
+    assert cb.run.stop_reason is None
