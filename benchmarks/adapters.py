@@ -18,6 +18,12 @@ few microseconds). The prudent arm runs as a user's would: its own run in a thro
 default settings with the console off (checkpoints on their automatic schedule, the monitor,
 profiler, failure capture, cost meter, the record).
 
+Where the median step's growth goes is printed too: the hooks and what is left, the
+collector's collections during the steps (both arms), the CPU time of the other threads
+(prudent's writer, record, checkpoint and sampler threads) and how often the training thread
+waited (voluntary context switches: for the GIL, mostly) per step; ``--breakdown`` adds each
+component handler's median per step, timed through ``RunContext.wrap_handlers``.
+
 On a machine other processes keep busy, ``--clock cpu`` times steps by the training thread's
 CPU time (``time.thread_time``) instead of the wall clock; it leaves out the time the training
 thread waits for the GIL while prudent's background threads (checkpoint writer, record, store
@@ -28,6 +34,7 @@ Reproduce (a quiet machine: the load average is printed)::
     python benchmarks/adapters.py                      # each framework, 8 rounds x 400 steps
     python benchmarks/adapters.py --framework lightning --epoch-steps 45 --steps 150
     python benchmarks/adapters.py --framework lightning --hidden 1024   # a longer step
+    python benchmarks/adapters.py --framework lightning --breakdown     # each handler too
     python benchmarks/adapters.py --clock cpu          # on a busy machine
 """
 
@@ -54,6 +61,12 @@ HOOK_S: list[float] = []  # per step: seconds inside the prudent callback's hook
 CALLBACK: list[Any] = [None]  # the prudent arm's callback (its run's stop reason, if any)
 HOOK_LEFT = [0.0]  # hook time after the last step (the epoch-end save)
 LOOP_TAIL = [0.0]  # from the last step's end to the loop's end (the epoch-end work, a save)
+THREADS_CPU: list[dict[int, float]] = [{}, {}]  # other threads' CPU seconds: first step, end
+GC_FIT = {"n": 0, "s": 0.0, "t0": 0.0, "on": False}  # collections during a fit's steps, time
+BREAKDOWN = [False]  # --breakdown: time each component handler in the prudent arm
+HANDLER_S: dict[str, list[float]] = {}  # per handler: seconds per step (--breakdown)
+HANDLERS_STEP: list[Any] = [None]  # closes a step's handler sums (--breakdown)
+BLOCKED = [0, 0]  # the training thread's voluntary context switches: first step, end
 
 
 class _StepClock:
@@ -67,11 +80,90 @@ class _StepClock:
         now = self.clock()
         if self.last is not None:
             self.times.append(now - self.last)
+        else:  # the steps start: count what the collector and the other threads do from here
+            THREADS_CPU[0] = _other_threads_cpu()
+            BLOCKED[0] = _times_blocked()
+            GC_FIT.update(n=0, s=0.0, on=True)
         self.last = now
 
     def train_ended(self) -> None:  # after the epoch-end save (both arms)
         LOOP_TAIL[0] = self.clock() - self.last if self.last is not None else 0.0
+        # before the prudent callback closes its run (its threads are still alive)
+        THREADS_CPU[1] = _other_threads_cpu()
+        BLOCKED[1] = _times_blocked()
+        GC_FIT["on"] = False
+
+
 EPOCH_STEPS: list[int | None] = [None]  # Lightning: steps per epoch (None: one epoch)
+
+
+def _other_threads_cpu() -> dict[int, float]:
+    """CPU seconds each thread but this one has used (prudent's writer, record, sampler and
+    watchdog threads; the framework's): what they may have taken the GIL for meanwhile."""
+    import threading
+
+    got = {}
+    for thread in threading.enumerate():
+        if thread is threading.current_thread() or thread.ident is None:
+            continue
+        try:
+            got[thread.ident] = time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (AttributeError, OSError):  # not on this platform, or it has just ended
+            continue
+    return got
+
+
+def _times_blocked() -> int:
+    """How often the training thread has waited so far (voluntary context switches: for the
+    GIL while another thread holds it, or for I/O); 0 where the platform does not count."""
+    import resource
+
+    try:
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return 0
+
+
+def _gc_timer(phase: str, info: dict[str, Any]) -> None:
+    """gc.callbacks: how many collections ran during a fit, and for how long (wall clock)."""
+    if not GC_FIT["on"]:
+        return
+    if phase == "start":
+        GC_FIT["t0"] = time.perf_counter()
+    else:
+        GC_FIT["n"] += 1
+        GC_FIT["s"] += time.perf_counter() - GC_FIT["t0"]
+
+
+def _time_handlers(callback: Any, clock: Any) -> None:
+    """--breakdown: every component handler of the prudent run's per-step events timed call by
+    call (``RunContext.wrap_handlers``), summed per step: who the hooks' time belongs to. The
+    wrappers cost about a microsecond each, so the prudent arm is a little slower with it."""
+    from prudent.events import Event
+
+    ctx = callback.adapter.ctx
+    current: dict[str, float] = {}
+
+    def wrap(handler: Any) -> Any:
+        name = getattr(handler, "__qualname__", repr(handler))
+
+        def timed(*args: Any, _handler: Any = handler, _name: str = name) -> Any:
+            started = clock()
+            try:
+                return _handler(*args)
+            finally:
+                current[_name] = current.get(_name, 0.0) + clock() - started
+        return timed
+
+    per_step = (Event.BATCH_LOADED, Event.AFTER_BACKWARD, Event.STEP_END)
+    names = {getattr(h, "__qualname__", "") for e in per_step for h in ctx.handlers[e]}
+    ctx.wrap_handlers(wrap, per_step)
+
+    def step_done() -> None:  # called by the hook timer as each step's hooks end
+        for name in names:
+            HANDLER_S.setdefault(name, []).append(current.pop(name, 0.0))
+
+    HANDLERS_STEP[0] = step_done
 
 
 def _timed(callback: Any, hooks: tuple[str, ...], clock: Any,
@@ -82,6 +174,8 @@ def _timed(callback: Any, hooks: tuple[str, ...], clock: Any,
     enters it."""
     HOOK_S.clear()
     CALLBACK[0] = callback
+    if BREAKDOWN[0]:
+        _time_handlers(callback, clock)
     current = [0.0]
     for name in hooks:
         method = getattr(callback, name)
@@ -96,6 +190,8 @@ def _timed(callback: Any, hooks: tuple[str, ...], clock: Any,
                 if _ends:
                     HOOK_S.append(current[0])
                     current[0] = 0.0
+                    if HANDLERS_STEP[0] is not None:
+                        HANDLERS_STEP[0]()
                 HOOK_LEFT[0] = current[0]
 
         setattr(callback, name, timed)
@@ -259,12 +355,26 @@ def _fit_once(fit: Any, with_prudent: bool, steps: int, warmup: int, clock: Any
     end (the epoch-end work, a save), the hook time per step, and how the prudent run ended."""
     gc.collect()  # neither arm pays for the garbage the previous fit left behind
     HOOK_S.clear()
+    HANDLER_S.clear()
+    HANDLERS_STEP[0] = None
     LOOP_TAIL[0] = HOOK_LEFT[0] = 0.0
     CALLBACK[0] = None
-    times = fit(with_prudent, steps, clock)[warmup:]
+    THREADS_CPU[:] = [{}, {}]
+    BLOCKED[:] = [0, 0]
+    GC_FIT.update(n=0, s=0.0, on=False)
+    try:
+        times = fit(with_prudent, steps, clock)
+    finally:
+        GC_FIT["on"] = False
     stop = CALLBACK[0].run.stop_reason if CALLBACK[0] is not None else None
-    return {"times": times, "tail": LOOP_TAIL[0], "hooks": HOOK_S[warmup:],
-            "hook_left": HOOK_LEFT[0], "stop": stop}
+    first, end = THREADS_CPU
+    threads_s = sum(cpu - first.get(ident, 0.0) for ident, cpu in end.items())
+    return {"times": times[warmup:], "tail": LOOP_TAIL[0], "hooks": HOOK_S[warmup:],
+            "hook_left": HOOK_LEFT[0], "stop": stop, "all_steps": max(1, len(times)),
+            "gc": GC_FIT["n"], "gc_s": GC_FIT["s"], "threads_s": threads_s,
+            "blocked": BLOCKED[1] - BLOCKED[0],
+            "handlers": {k: statistics.median(v[warmup:]) for k, v in HANDLER_S.items()
+                         if len(v) > warmup}}
 
 
 def _round(alone: dict[str, Any], prudent: dict[str, Any]) -> dict[str, float]:
@@ -278,9 +388,12 @@ def _round(alone: dict[str, Any], prudent: dict[str, Any]) -> dict[str, float]:
     a, p, hooks = alone["times"][:n], prudent["times"][:n], prudent["hooks"][:n]
     a_mean = (sum(a) + (alone["tail"] if full else 0.0)) / n
     p_mean = (sum(p) + (prudent["tail"] if full else 0.0)) / n
+    per_step = {f"{arm}_{key}": run[key] / run["all_steps"] for arm, run in
+                (("alone", alone), ("prudent", prudent)) for key in ("gc", "gc_s", "threads_s", "blocked")}
     return {"steps": n, "alone": statistics.median(a), "prudent": statistics.median(p),
             "alone_mean": a_mean, "prudent_mean": p_mean, "hook": statistics.median(hooks),
-            "hook_mean": (sum(hooks) + (prudent["hook_left"] if full else 0.0)) / n}
+            "hook_mean": (sum(hooks) + (prudent["hook_left"] if full else 0.0)) / n,
+            **per_step, "handlers": prudent["handlers"]}
 
 
 def compare(framework: str, rounds: int, steps: int, warmup: int, clock: Any) -> dict[str, Any]:
@@ -307,6 +420,8 @@ def compare(framework: str, rounds: int, steps: int, warmup: int, clock: Any) ->
     def median(key: str, scale: float) -> float:
         return statistics.median(r[key] for r in got) * scale
 
+    handlers = {name: statistics.median(r["handlers"].get(name, 0.0) for r in got) * 1e6
+                for name in sorted({k for r in got for k in r["handlers"]})}
     return {"framework": framework, "rounds": rounds, "steps": steps, "warmup": warmup,
             "hidden": HIDDEN.get("lightning" if framework == "keras" else framework),
             "epoch_steps": (EPOCH_STEPS[0] or steps) if framework == "lightning" else steps,
@@ -321,7 +436,39 @@ def compare(framework: str, rounds: int, steps: int, warmup: int, clock: Any) ->
             "ratio_q3": quartiles[2], "ratios": ratios,
             "loop_mean_ratio": statistics.median(mean_ratios), "loop_mean_ratios": mean_ratios,
             "prudent_stopped": stops, "target": 1.03,
+            # where the step's growth goes: the hooks, and what is left (the framework's own
+            # code running slower beside prudent: caches, the GIL, the collector)
+            "unexplained_us_per_step": statistics.median(
+                (r["prudent"] - r["alone"] - r["hook"]) for r in got) * 1e6,
+            "gc_per_100_steps_alone": median("alone_gc", 100),
+            "gc_per_100_steps_prudent": median("prudent_gc", 100),
+            "gc_us_per_step_alone": median("alone_gc_s", 1e6),
+            "gc_us_per_step_prudent": median("prudent_gc_s", 1e6),
+            "other_threads_cpu_us_per_step_alone": median("alone_threads_s", 1e6),
+            "other_threads_cpu_us_per_step_prudent": median("prudent_threads_s", 1e6),
+            "training_thread_waits_per_step_alone": median("alone_blocked", 1),
+            "training_thread_waits_per_step_prudent": median("prudent_blocked", 1),
+            "handlers_us_per_step": handlers,
             "meets_target": statistics.median(ratios) <= 1.03}
+
+
+def _print_growth(results: list[dict[str, Any]]) -> None:
+    """Where the median step's growth goes (us per step, medians of the rounds)."""
+    print(f"\n{'framework':<12}{'growth us':>10}{'hooks us':>10}{'left us':>9}"
+          f"{'gc/100 steps':>14}{'gc us/step':>12}{'threads us/step':>17}{'waits/step':>12}"
+          "  (alone / prudent)")
+    for r in results:
+        growth = (r["median_step_ms_prudent"] - r["median_step_ms_alone"]) * 1e3
+        print(f"{r['framework']:<12}{growth:>10.0f}{r['callback_us_per_step']:>10.0f}"
+              f"{r['unexplained_us_per_step']:>9.0f}"
+              f"{r['gc_per_100_steps_alone']:>7.1f}/{r['gc_per_100_steps_prudent']:<6.1f}"
+              f"{r['gc_us_per_step_alone']:>5.1f}/{r['gc_us_per_step_prudent']:<6.1f}"
+              f"{r['other_threads_cpu_us_per_step_alone']:>8.1f}/"
+              f"{r['other_threads_cpu_us_per_step_prudent']:<8.1f}"
+              f"{r['training_thread_waits_per_step_alone']:>5.2f}/"
+              f"{r['training_thread_waits_per_step_prudent']:<5.2f}")
+        for name, us in sorted(r["handlers_us_per_step"].items(), key=lambda kv: -kv[1]):
+            print(f"    {name:<40}{us:>7.1f} us/step (median)")
 
 
 def main() -> None:
@@ -336,17 +483,23 @@ def main() -> None:
     parser.add_argument("--epoch-steps", type=int, default=None,
                         help="Lightning: the digits' own epochs (45 steps, a checkpoint at each "
                         "end) instead of one epoch of --steps batches")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also time each component handler in the prudent arm (about a "
+                        "microsecond a handler call more there)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    BREAKDOWN[0] = args.breakdown
     HIDDEN["lightning"] = args.hidden
     EPOCH_STEPS[0] = args.epoch_steps
     load = os.getloadavg()
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
     torch.set_num_threads(1)
     names = list(FRAMEWORKS) if args.framework == "all" else [args.framework]
+    gc.callbacks.append(_gc_timer)
     with tempfile.TemporaryDirectory() as home:
         os.environ.update(PRUDENT_HOME=home, PRUDENT_CONSOLE="off")
         results = [compare(n, args.rounds, args.steps, args.warmup, clock) for n in names]
+    gc.callbacks.remove(_gc_timer)
     load = (*load, *os.getloadavg())
     print(f"{'framework':<12}{'alone ms':>10}{'prudent ms':>12}{'ratio':>8}{'q1-q3':>14}"
           f"{'mean ratio':>12}{'hooks us':>10}{'(mean)':>8}{'share':>8}  target (ratio <= 1.03)")
@@ -356,6 +509,7 @@ def main() -> None:
               f"{r['ratio_q1']:>7.3f}-{r['ratio_q3']:.3f}{r['loop_mean_ratio']:>12.3f}"
               f"{r['callback_us_per_step']:>10.1f}{r['callback_mean_us_per_step']:>8.1f}"
               f"{r['callback_share']:>8.1%}  {'met' if r['meets_target'] else 'MISSED'}")
+    _print_growth(results)
     for r in results:
         for stop in r["prudent_stopped"]:
             print(f"{r['framework']}: the prudent run was stopped ({stop}): those rounds compare "
