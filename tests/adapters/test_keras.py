@@ -160,3 +160,56 @@ def test_a_rollback_during_fit_puts_the_live_weights_and_optimizer_back(tmp_path
         np.testing.assert_array_equal(kept, after)  # the live model, not only a file
     assert int(_numpy(model.optimizer.iterations)) == 12 - 3  # fit went on after step 8
     assert cb.run.stop_reason is None
+
+
+class _ActAt(Component):
+    """At ``step``, the monitor's own ``reduce_lr`` action (the objects the adapter showed it)
+    and a one-step no-op ``step()`` on every torch optimizer it saw, as its skip does."""
+
+    name = "act_at"
+
+    def __init__(self, monitor, model, step: int) -> None:
+        self.monitor, self.model, self.step = monitor, model, step
+        self.message = ""
+        self.optimizers: list = []
+        self.before: list[np.ndarray] = []
+        self.after: list[np.ndarray] = []
+
+    def on_attach(self, run, objects) -> None:
+        import torch
+
+        self.optimizers += [o for o in objects.values() if isinstance(o, torch.optim.Optimizer)]
+
+    def on_step_end(self, run, metrics) -> None:
+        from prudent.monitor.actions import Firing
+        from prudent.monitor.base import Finding
+
+        if run.state.step == self.step:
+            finding = Finding(self.step, None, None, "a test asks for it")
+            self.message = self.monitor.actions["reduce_lr"].apply(
+                run, Firing("test", finding, self.step))
+            for optimizer in self.optimizers:
+                optimizer.step = lambda *args, _o=optimizer, **kwargs: vars(_o).pop("step")
+            self.before = [_numpy(v).copy() for v in self.model.trainable_variables]
+        if run.state.step == self.step + 1:
+            self.after = [_numpy(v).copy() for v in self.model.trainable_variables]
+
+
+def test_reduce_lr_and_a_skipped_update_reach_the_keras_optimizer(tmp_path: Path) -> None:
+    from prudent.keras import PrudentCallback
+
+    settings = make_settings(tmp_path, console={"mode": "off"})
+    cb = PrudentCallback("lr", {}, exit_on_stop=False, settings=settings)
+    model = _model()  # Adam(0.01)
+    monitor = next(c for c in cb.adapter.ctx.components if type(c).__name__ == "Monitor")
+    probe = _ActAt(monitor, model, step=4)
+    cb.adapter.ctx.add_component(probe)
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
+    model.fit(x, x[:, :1], epochs=1, batch_size=8, verbose=0, callbacks=[cb])
+
+    assert probe.message == "learning rate 0.01 -> 0.005"
+    assert float(_numpy(model.optimizer.learning_rate)) == pytest.approx(0.005)
+    assert len(probe.optimizers) == 1  # the Keras optimizer, as the components see it
+    for before, after in zip(probe.before, probe.after):  # step 5's update was skipped
+        np.testing.assert_array_equal(before, after)
+    assert int(_numpy(model.optimizer.iterations)) == 8 - 1  # 8 steps, one update skipped
