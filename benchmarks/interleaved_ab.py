@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -167,8 +168,18 @@ def measure(make_parts: Any, runs: int, block: int, which: str, step_clock: Any 
         "mean_step_added_pct": 100 * (statistics.median(ratios) - 1),
         "mean_step_added_pct_quartiles": [100 * (q - 1) for q in (quartiles[0], quartiles[2])],
         "median_step_added_pct_per_run": per_run,
+        "median_step_added_pct_runs_ci90": _bootstrap_ci(per_run),
         "target_pct": TARGET_PCT.get(which),
     }
+
+
+def _bootstrap_ci(per_run: list[float], rounds: int = 2000) -> list[float]:
+    """A 90% interval for the median of the runs' own figures, by resampling the runs: how far
+    the headline could move if the same number of runs were made again."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(per_run, k=len(per_run)))
+                     for _ in range(rounds))
+    return [medians[int(0.05 * rounds)], medians[int(0.95 * rounds) - 1]]
 
 
 def run_ab(which: str, runs: int, steps: int, block: int, step_clock: str = "wall"
@@ -189,7 +200,12 @@ def verdict(result: dict[str, Any]) -> str:
     clock_name = "" if result.get("clock", "wall") == "wall" else " (thread CPU time)"
     busy = result.get("other_busy_cores")
     load = "" if busy is None else f"; other processes kept {busy:.2f} cores busy"
-    runs = ", ".join(f"{pct:+.2f}%" for pct in result.get("median_step_added_pct_per_run", []))
+    per_run = result.get("median_step_added_pct_per_run", [])
+    runs = ", ".join(f"{pct:+.2f}%" for pct in per_run)
+    if len(per_run) >= 3:
+        low_ci, high_ci = result["median_step_added_pct_runs_ci90"]
+        runs += (f"; their median {statistics.median(per_run):+.2f}%, 90% interval "
+                 f"{low_ci:+.2f}%..{high_ci:+.2f}%")
     what = WHAT.get(result["switched"], result["switched"])
     head = "" if target is None else f"{'PASS' if ok else 'FAIL'}: "
     goal = "" if target is None else f"; target <= {target:g}%"
