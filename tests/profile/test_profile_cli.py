@@ -65,11 +65,11 @@ def test_prudent_profile_of_an_iteration_loop_speaks_in_steps(
     settings = make_settings(home, checkpoint={"enabled": False}, profile={"interval_s": 0.02})
     run = prudent.init(name="iterations", settings=settings, exit_on_stop=False)
     with run:
-        for it in range(40):
+        for it in range(40):  # a loss that falls: a flat one is rightly stopped by the rules
             if it % 10 == 0:
-                run.log(val_loss=1.0)
+                run.log(val_loss=1.0 / (it + 1))
             time.sleep(0.01)
-            run.step(loss=1.0)
+            run.step(loss=1.0 / (it + 1))
     code, out, _ = cli(monkeypatch, capsys, "profile", run.id)
     assert code == 0, out
     assert "profile: 40 steps" in out and "steps/s" in out
