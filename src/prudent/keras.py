@@ -28,6 +28,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch  # Keras' torch backend has loaded it already
+
 from prudent.adapters.core import AdapterRun
 
 try:
@@ -132,8 +134,6 @@ class PrudentCallback(keras.callbacks.Callback):
         self.model.save_weights(str(target / WEIGHTS))
         (target / METADATA).write_text(json.dumps({"epoch": self._epoch, "batch": self._batch}))
         if self._epoch_rng is not None:
-            import torch
-
             torch.save(self._epoch_rng, target / "epoch_rng.pt")
         return target
 
@@ -153,8 +153,6 @@ class PrudentCallback(keras.callbacks.Callback):
         self._epoch = meta["epoch"]
         rng_file = folder / "epoch_rng.pt"
         if meta.get("batch") and rng_file.exists():
-            import torch
-
             self._skip = meta["batch"]
             self._epoch_rng = torch.load(rng_file, weights_only=True)
             self._after_skip_rng = self.adapter.ctx.resume_rng
@@ -299,13 +297,7 @@ class _LearningRateGroup(dict):  # type: ignore[type-arg]
         super().__setitem__(key, value)
 
 
-def _torch_optimizer() -> type:
-    import torch
-
-    return torch.optim.Optimizer
-
-
-class _KerasOptimizerView(_torch_optimizer()):  # type: ignore[misc]
+class _KerasOptimizerView(torch.optim.Optimizer):
     """A Keras optimizer as prudent's components see a torch one (Keras' is not a
     ``torch.optim.Optimizer``, even on the torch backend): one param group holding the model's
     parameters and a learning rate that writes through (:class:`_LearningRateGroup`), and a

@@ -363,9 +363,8 @@ class Store:
                        event_rows: Sequence[dict[str, Any]]) -> None:
         with self._writer_engine.begin() as conn:
             if metric_rows:
-                if conn.dialect.name != "sqlite":  # SQLite stores a NaN as NULL by itself
-                    metric_rows = [_nan_as_null(r) for r in metric_rows]
-                conn.execute(metrics.insert(), list(metric_rows))
+                metric_rows = [_nan_as_null(r) for r in metric_rows]
+                conn.execute(metrics.insert(), metric_rows)
                 upsert = _rollup_upsert(conn.dialect.name)
                 if upsert is not None:
                     conn.execute(upsert, rollup_rows(metric_rows))
@@ -467,22 +466,21 @@ def _rollup_upsert(dialect: str) -> sa.Executable | None:
 
 
 def _nan_as_null(row: dict[str, Any]) -> dict[str, Any]:
-    """A metric row whose NaN is NULL, as SQLite stores it: PostgreSQL would keep the NaN, and
-    its max() ranks NaN above every number (a curve's bucket, a run's last value read nan where
-    SQLite has a gap)."""
+    """A metric row whose NaN is NULL, on every database and in the rollup (a gap in the
+    curve): SQLite does it itself, PostgreSQL would keep the NaN, and its max() ranks NaN above
+    every number (a run's last value read nan where SQLite has none)."""
     value = row["value"]
     return {**row, "value": None} if value is not None and value != value else row
 
 
 def rollup_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``metric_rollup`` rows summing up metric rows at every width of ``ROLLUP_WIDTHS``.
-    One dict update per metric row (the narrowest width); the wider ones merge those."""
+    """``metric_rollup`` rows summing up metric rows (NaN already NULL: ``_nan_as_null``) at
+    every width of ``ROLLUP_WIDTHS``. One dict update per metric row (the narrowest width); the
+    wider ones merge those."""
     narrow: dict[tuple[str, str, int], list[Any]] = {}
     width = ROLLUP_WIDTHS[0]
     for order, row in enumerate(rows):
         value, step, wall = row["value"], row["step"], row["wall"]
-        if value is not None and value != value:  # NaN: stored as NULL, a gap
-            value = None
         key = (row["run_id"], row["name"], step // width)
         found = narrow.get(key)
         if found is None:
