@@ -103,3 +103,33 @@ def test_after_max_rollbacks_the_next_spike_stops_the_run(tmp_path: Path) -> Non
     assert (run.status, run.stop_reason) == ("stopped", "rule:loss_spike")
     (fired,) = [e for e in events if e["kind"] == "rule"]
     assert "0 rollbacks already" in fired["payload"]["outcome"]
+
+
+def test_a_calm_window_is_judged_as_the_step_by_step_pass_would() -> None:
+    """The shortcut for windows with no step near factor x the moving mean leaves the rule
+    exactly where the step-by-step pass does (moving window, threshold, streak, findings),
+    on windows that are calm, that spike, that skip and that go negative."""
+    import random
+
+    rng = random.Random(0)
+    fast = LossSpikeRule(LossSpikeRule.Settings(warmup_steps=0))
+    slow = LossSpikeRule(LossSpikeRule.Settings(warmup_steps=0))
+    slow._calm = lambda finite: False  # type: ignore[method-assign]
+    calm_windows, step = 0, 1
+    for i in range(60):
+        level = {7: 3.0, 8: 3.0, 20: -1.0, 33: 2.5}.get(i, 1.0)
+        losses = [level * (1 + 0.1 * rng.random()) for _ in range(25)]
+        if i == 40:
+            losses[3] = float("nan")
+        window = Window(steps=list(range(step, step + 25)), loss=losses)  # type: ignore[arg-type]
+        if i % 9 == 5:  # an outlier skipped before its update, as the monitor asks
+            for rule in (fast, slow):
+                rule.skips(step + 2, 1e9)
+        calm_windows += fast._calm(window.finite_losses())
+        a, b = fast.check(window), slow.check(Window(steps=window.steps, loss=window.loss))
+        assert (a and (a.step, a.since, a.message)) == (b and (b.step, b.since, b.message))
+        assert list(fast.recent) == list(slow.recent) and fast.streak == slow.streak
+        assert fast.skip_above == slow.skip_above or (math.isinf(fast.skip_above)
+                                                      and math.isinf(slow.skip_above))
+        step += 25
+    assert 30 < calm_windows < 60  # both paths were taken

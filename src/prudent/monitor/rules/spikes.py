@@ -99,13 +99,39 @@ class LossSpikeRule(Rule):
 
     # per window ---------------------------------------------------------------------------
     def check(self, window: Window) -> Finding | None:
+        finite = window.finite_losses()
+        if self._calm(finite):
+            self._take_calm(finite)
+            return None
         skipped = set(self.skipped)
-        for step, loss in window.finite_losses():
+        for step, loss in finite:
             finding = self._judge(step, loss, step in skipped)
             if finding is not None:
                 return finding
         self._set_threshold()
         return None
+
+    def _calm(self, finite: list[tuple[int, float]]) -> bool:
+        """True when no step of the window can be a spike step: every moving mean the steps
+        meet is an average of the losses kept before and of the window's own, so it is at
+        least their minimum; a window whose largest loss stays under ``factor`` x that minimum
+        (the usual window) needs no step-by-step pass."""
+        if not finite:
+            return True
+        values = [loss for _, loss in finite]
+        low = min(values)
+        if self.recent:
+            low = min(low, min(self.recent))
+        return low > 0 and max(values) < self.settings.factor * low
+
+    def _take_calm(self, finite: list[tuple[int, float]]) -> None:
+        """What :meth:`_judge` does on a calm window, at C speed: the losses of the steps whose
+        update was not skipped join the moving window, the streak is over."""
+        skipped = set(self.skipped)
+        self.recent.extend(loss for step, loss in finite if step not in skipped)
+        if finite:
+            self.streak, self.streak_start = 0, None
+        self._set_threshold()  # the running sum too
 
     def _judge(self, step: int, loss: float, skipped: bool) -> Finding | None:
         s = self.settings
