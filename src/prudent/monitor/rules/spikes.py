@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import accumulate, chain, repeat
+from operator import ge, mul, sub
 from typing import Any
 
 from pydantic import Field
@@ -112,24 +114,30 @@ class LossSpikeRule(Rule):
         return None
 
     def _calm(self, finite: list[tuple[int, float]]) -> bool:
-        """True when no step of the window can be a spike step: every moving mean the steps
-        meet is an average of the losses kept before and of the window's own, so it is at
-        least their minimum; a window whose largest loss stays under ``factor`` x that minimum
-        (the usual window) needs no step-by-step pass."""
+        """True when no step of a window reaches ``factor`` x its moving mean (the usual
+        window, once the moving window is full and no update of the window was skipped):
+        then it needs no step-by-step pass. The moving sums the steps would meet come from
+        prefix sums over the kept losses and the window's own, compared at C speed with a hair
+        of margin so that rounding never hides a spike step. False sends it step by step."""
         if not finite:
             return True
-        values = [loss for _, loss in finite]
-        low = min(values)
-        if self.recent:
-            low = min(low, min(self.recent))
-        return low > 0 and max(values) < self.settings.factor * low
+        size, recent, skipped = self.settings.window, self.recent, self.skipped
+        if len(recent) < size or (skipped and finite[0][0] <= skipped[-1]):
+            return False
+        losses = [loss for _, loss in finite]
+        prefix = list(accumulate(chain(recent, losses), initial=0.0))
+        count = len(losses)
+        sums = list(map(sub, prefix[size:size + count], prefix[:count]))  # of the `size` before
+        if min(sums) <= 0:
+            return False  # a mean at or below zero: no spike by ratio, judged step by step
+        limits = map(mul, sums, repeat(self.settings.factor * (1 - 1e-9) / size))
+        return not any(map(ge, losses, limits))
 
     def _take_calm(self, finite: list[tuple[int, float]]) -> None:
-        """What :meth:`_judge` does on a calm window, at C speed: the losses of the steps whose
-        update was not skipped join the moving window, the streak is over."""
-        skipped = set(self.skipped)
-        self.recent.extend(loss for step, loss in finite if step not in skipped)
+        """What :meth:`_judge` does on a calm window, at C speed: the losses join the moving
+        window (no update in it was skipped), the streak is over."""
         if finite:
+            self.recent.extend([loss for _, loss in finite])
             self.streak, self.streak_start = 0, None
         self._set_threshold()  # the running sum too
 
@@ -173,7 +181,8 @@ class LossSpikeRule(Rule):
         if mean is None:
             self.skip_above = math.inf
             return
-        variance = math.fsum((v - mean) ** 2 for v in self.recent) / (len(self.recent) - 1)
+        deviations = list(map(sub, self.recent, repeat(mean)))
+        variance = math.fsum(map(mul, deviations, deviations)) / (len(self.recent) - 1)
         self.skip_above = mean + self.settings.sigmas * math.sqrt(variance)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
