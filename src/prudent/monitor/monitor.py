@@ -258,11 +258,13 @@ class Monitor(Component):
         else:
             self.stats.fit(planned, step=run.state.step)
         if "max_check_every_steps" not in self.settings.model_fields_set:
-            # checks at least every ~2% of the run: on a short run of millisecond steps the
-            # overhead budget alone would space them 100 steps apart, a fifth of a 448-step run
-            # (~50 extra checks of ~0.2 ms: tens of ms for the whole run)
-            stats, most = self.stats, self.settings.max_check_every_steps or 1
-            stats.max_check_every = max(stats.min_check_every, min(most, planned // 50))
+            # checks at least every ~2% of the run, whatever its length: on a short run of
+            # millisecond steps the overhead budget alone would space them 100 steps apart, a
+            # fifth of a 448-step run (~50 extra checks of ~0.2 ms: tens of ms for the whole
+            # run); a long one may space them up to its fiftieth when checks are dear (a 6,000-
+            # step run of 1 ms steps: every ~120 steps, not every 100, for the 0.2% budget)
+            stats = self.stats
+            stats.max_check_every = max(stats.min_check_every, planned // 50)
             stats.check_every = min(stats.check_every, stats.max_check_every)
         for name, rule in self.rules.items():
             reason = rule.fit(planned)
