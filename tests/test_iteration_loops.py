@@ -18,8 +18,14 @@ from prudent.testing import StopAtStep, make_settings
 class BackwardLog(Component):
     name = "backward_log"
 
-    def __init__(self) -> None:
+    def __init__(self, weight: Any = None) -> None:
         self.seen: list[tuple[int, float]] = []
+        self.before: list[tuple[int, float, float | None]] = []  # (step, loss, gradient then)
+        self.weight = weight
+
+    def on_before_backward(self, ctx: Any, loss: Any) -> None:
+        grad = None if self.weight is None or self.weight.grad is None else self.weight.grad.item()
+        self.before.append((ctx.state.step + 1, float(loss.detach()), grad))
 
     def on_after_backward(self, ctx: Any, loss: Any) -> None:
         self.seen.append((ctx.state.step + 1, float(loss.detach())))
@@ -50,9 +56,9 @@ def test_steps_stops_at_the_smoke_limit_and_refuses_a_body_without_step(
 
 def test_micro_steps_run_the_gradient_hooks_once_per_step_with_the_summed_loss(
         settings: ProjectSettings) -> None:
-    log = BackwardLog()
-    run = prudent.init(name="accum", settings=settings, exit_on_stop=False, components=[log])
     weight = torch.ones(1, requires_grad=True)
+    log = BackwardLog(weight)
+    run = prudent.init(name="accum", settings=settings, exit_on_stop=False, components=[log])
     with run:
         for _ in run.steps(3):
             for micro in (1.0, 2.0):
@@ -61,6 +67,9 @@ def test_micro_steps_run_the_gradient_hooks_once_per_step_with_the_summed_loss(
     # the first step learns that two backward calls make a step; then once, after the second
     assert log.seen == [(1, 1.0), (1, 3.0), (2, 3.0), (3, 3.0)]
     assert weight.grad is not None and weight.grad.item() == 9.0
+    # the loss hooks: the same summed losses, each before its micro-step's gradient was added
+    # (the gradients accumulate over the steps: 1, 3, then 3 more per step)
+    assert log.before == [(1, 1.0, None), (1, 3.0, 1.0), (2, 3.0, 4.0), (3, 3.0, 7.0)]
 
 
 def _draws(home: Path, run_id: str, monkeypatch: pytest.MonkeyPatch, loop: str,

@@ -7,7 +7,8 @@ The user's loop, and where each event fires::
     with run:
         for epoch in run.epochs(n):
             for batch in run.batches(dl):  BATCH_LOADED (after the loader's next() returned)
-                run.backward(loss)         AFTER_BACKWARD (gradients exist, optimizer not stepped)
+                run.backward(loss)         BEFORE_BACKWARD (the step's loss, no gradients yet)
+                                           AFTER_BACKWARD (gradients exist, optimizer not stepped)
                 run.step(loss=loss)        STEP_END     (counters advanced, metrics buffered)
             run.log(val_acc=...)           LOG          (evaluation metrics, already floats)
                                            EPOCH_END    (when the loop asks for the next epoch)
@@ -19,7 +20,11 @@ The user's loop, and where each event fires::
 
 A loop without epochs (``for it in run.steps(max_iters):``) fires the same events but
 BATCH_LOADED and EPOCH_END; several ``run.backward`` before one ``run.step`` (gradient
-accumulation) fire AFTER_BACKWARD once, after the last micro-step, with their summed loss.
+accumulation) fire BEFORE_BACKWARD and AFTER_BACKWARD once, around the last micro-step, with
+their summed loss. BEFORE_BACKWARD is where a component that needs only the loss reads it:
+the loss was just computed, so reading it there costs less than after the backward pass has
+filled the caches with gradients (adapters may not emit it: such a component falls back to
+AFTER_BACKWARD, which every loop emits).
 
 Components subscribe by overriding ``on_<event name>``; the run only calls the methods a
 component overrides, so an idle event costs nothing. Handlers get the
@@ -47,6 +52,7 @@ class Event(str, Enum):
     START = "start"
     ATTACH = "attach"
     BATCH_LOADED = "batch_loaded"
+    BEFORE_BACKWARD = "before_backward"
     AFTER_BACKWARD = "after_backward"
     STEP_END = "step_end"
     LOG = "log"
@@ -117,6 +123,8 @@ class Component:
     def on_attach(self, ctx: RunContext, objects: dict[str, Any]) -> None: ...
 
     def on_batch_loaded(self, ctx: RunContext, batch: Any, wait_s: float) -> None: ...
+
+    def on_before_backward(self, ctx: RunContext, loss: Any) -> None: ...
 
     def on_after_backward(self, ctx: RunContext, loss: Any) -> None: ...
 

@@ -66,6 +66,7 @@ class Run:
         handlers = context.handlers
         # the hot path: looked up once
         self._step_end = handlers[Event.STEP_END]
+        self._before_backward = handlers[Event.BEFORE_BACKWARD]
         self._after_backward = handlers[Event.AFTER_BACKWARD]
         self._batch_loaded = handlers[Event.BATCH_LOADED]
 
@@ -235,22 +236,25 @@ class Run:
                                after_skip=lambda: restore_rng(rng))
 
     def backward(self, loss: Any, *, last: bool | None = None) -> None:
-        """``loss.backward()`` (scaled when a GradScaler is attached), then gradient hooks.
+        """``loss.backward()`` (scaled when a GradScaler is attached), the loss hooks before it
+        and the gradient hooks after.
 
         Several calls before one ``run.step()`` are micro-steps of one optimizer step
-        (gradient accumulation): the gradient hooks run once, after the last one, with the sum
+        (gradient accumulation): the hooks run once, around the last one, with the sum
         of the micro-step losses as passed. Which call is the last is learnt from the steps
         before (the first step of a run is measured on every micro-step); ``last=True`` or
         ``False`` says it outright.
         """
-        (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
-        self._micro += 1
-        if self._micro == 1:
-            self._step_loss = loss
-        else:
-            self._step_loss = self._step_loss.detach() + loss.detach()
+        micro = self._micro + 1
+        step_loss = loss if micro == 1 else self._step_loss.detach() + loss.detach()
         if last is None:
-            last = self._micro_per_step is None or self._micro >= self._micro_per_step
+            last = self._micro_per_step is None or micro >= self._micro_per_step
+        if last and self._before_backward:
+            ctx = self.context
+            for handler in self._before_backward:
+                handler(ctx, step_loss)
+        (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
+        self._micro, self._step_loss = micro, step_loss
         if last:
             self._announce_backward()
 

@@ -84,6 +84,24 @@ def test_the_update_of_an_outlier_batch_is_skipped(tmp_path: Path) -> None:
     assert skip["step"] == 150 and "its optimizer update was skipped" in skip["message"]
 
 
+def test_the_loss_is_judged_before_backward_so_most_steps_skip_the_gradient_hook(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Reading the loss just after the forward pass costs less than after the backward pass
+    has filled the caches; the gradient hook then runs only on the steps that measure norms."""
+    hooked: list[int] = []
+    gradient_hook = Monitor.on_after_backward
+
+    def counted(self: Monitor, run: Any, loss: Any) -> None:
+        hooked.append(run.state.step + 1)
+        gradient_hook(self, run, loss)
+
+    monkeypatch.setattr(Monitor, "on_after_backward", counted)
+    run, events, moved = run_with(tmp_path / ".prudent",
+                                  lambda step, x: x * -1000 if step == 150 else x)
+    assert not moved[150] and moved[149] and moved[151]
+    assert 0 < len(hooked) < 6 * 32 // 2  # the norms' steps, not all 192
+
+
 def test_a_lasting_spike_is_rolled_back_past_its_data(tmp_path: Path) -> None:
     run, events, _ = run_with(tmp_path / ".prudent",
                               lambda step, x: -x if 101 <= step <= 112 else x,

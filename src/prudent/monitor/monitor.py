@@ -75,6 +75,7 @@ class Monitor(Component):
         self._num_logs = 0
         self._loss_key = self.settings.loss_key
         self._backward_hooked = True  # start-up: norms on every step until a window is measured
+        self._judged_step = -1  # the step whose loss on_before_backward judged
         self._fitted_for: int | None = None  # the planned length the rules were sized to
         self._said_blind: set[str] = set()
         self._skipped: list[tuple[Any, Any]] = []  # optimizers whose next step is a no-op
@@ -112,17 +113,23 @@ class Monitor(Component):
         self.stats.attach(objects)
         self._watched.update((id(o), o) for o in objects.values())
 
-    def on_after_backward(self, run: RunContext, loss: Any) -> None:
-        # the hot path: on most steps one comparison of the loss (read once for every
-        # component: capture reads it too) and one of the step number
+    def on_before_backward(self, run: RunContext, loss: Any) -> None:
+        # the hot path: on most steps one comparison of the loss, read where it costs least
+        # (just computed; capture and the record read it from there too)
         skipper = self._skipper
+        if skipper is None:
+            return
+        self._judged_step = step = run.state.step + 1
+        value = run.host_scalar(loss)
+        if value.__class__ is not float:
+            self._judge_device_loss(run, step, value)
+        elif value > skipper.skip_above:  # an outlier, maybe (NaN compares False)
+            self._judge_update(run, step, value)
+
+    def on_after_backward(self, run: RunContext, loss: Any) -> None:
         step = run.state.step + 1
-        if skipper is not None:
-            value = run.host_scalar(loss)
-            if value.__class__ is not float:
-                self._judge_device_loss(run, step, value)
-            elif value > skipper.skip_above:  # an outlier, maybe (NaN compares False)
-                self._judge_update(run, step, value)
+        if self._skipper is not None and self._judged_step != step:
+            self.on_before_backward(run, loss)  # an adapter's loop: no BEFORE_BACKWARD
         stats = self.stats
         if step >= stats.backward_due:
             stats.after_backward(step)
@@ -136,9 +143,10 @@ class Monitor(Component):
             started = time.perf_counter()
             self.check(run)
             stats.check_took(time.perf_counter() - started)
-        if self._skipper is None:
+        if self._skipper is None or self._judged_step == step:
             # gradients are measured on some steps only: on the others after_backward is not
-            # called (when each step's loss is judged before its update, it is, every step)
+            # called (when each step's loss is judged after backward, as in an adapter's loop,
+            # it is, every step)
             wanted = step + 1 >= stats.backward_due
             if wanted is not self._backward_hooked:
                 self._backward_hooked = wanted

@@ -324,7 +324,7 @@ class StepStats:
         if norms:
             for step, (_, scale) in on_device:
                 norms[step] = _global_norm(next(host), next(host)[0] if scale is not None else None)
-            window.grad_norm = [norms.get(step) for step in steps]  # type: ignore[misc]
+            window.grad_norm = list(map(norms.get, steps))  # type: ignore[arg-type]
             window._measured = list(norms.items())  # type: ignore[arg-type]  # in step order
         else:
             window.grad_norm = [None] * len(steps)
@@ -427,8 +427,11 @@ def _sampled_view(param: Any) -> Any:
 
 
 def _to_host(tensors: list[Any]) -> list[list[float]]:
-    """Each tensor's values as floats: one stack of the scalars and one concatenation of the
-    rest, per device (usually there is one device, and no grouping to do)."""
+    """Each tensor's values as numbers: on a device, one stack of the scalars and one
+    concatenation of the rest, per device (usually there is one device, and no grouping to
+    do); on the CPU each tensor's own list (a concatenation would only add a copy)."""
+    if all(t.is_cpu for t in tensors):  # plain memory: each read where it is, nothing to gather
+        return [t.reshape(-1).tolist() for t in tensors]
     out: list[list[float]] = [[] for _ in tensors]
     scalars = [i for i, t in enumerate(tensors) if t.dim() == 0]
     vectors = [i for i, t in enumerate(tensors) if t.dim() != 0]
