@@ -20,8 +20,9 @@ __all__ = ["FrameworkCheckpoint"]
 
 # writes into a folder, returns the file or folder to resume from (None: nothing new to carry)
 Writer = Callable[[Path], "Path | None"]
-# or, without the disk: {name: bytes} of the files, the first one is resumed from (None: as above)
-MemoryWriter = Callable[[], "dict[str, bytes] | None"]
+# or, without the disk: {name: bytes} of the files, the first one is resumed from (None: as above);
+# or (entry, {name: bytes}) to resume from a folder the files are in
+MemoryWriter = Callable[[], "dict[str, bytes] | tuple[str, dict[str, bytes]] | None"]
 # loads the restored entry into the live framework's objects (a rollback while it trains)
 Loader = Callable[[Path], None]
 
@@ -59,6 +60,8 @@ class FrameworkCheckpoint:
         if self._write is None:
             return dict(self._state)
         files = self._in_memory() if self._in_memory is not None else None
+        if isinstance(files, tuple):
+            return {"entry": files[0], "files": files[1]}
         if files:
             return {"entry": next(iter(files)), "files": files}
         scratch = self.folder / "saving"
