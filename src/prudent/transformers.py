@@ -15,13 +15,23 @@ clipping), evaluation metrics arrive through ``on_evaluate``. A stop asks the Tr
 checkpoint (``control.should_save``) and to stop (``control.should_training_stop``); once its
 checkpoint folder is written (``on_save``) prudent's checkpoint takes it along, and when
 ``train()`` returns the process exits with prudent's code.
+
+A checkpoint restored while ``train()`` runs (a rule's ``rollback``, early stopping's
+``restore_best``) is loaded into the Trainer's live model, optimizer and LR scheduler between
+two steps; the Trainer's counters go on. For that, each prudent checkpoint taken between the
+Trainer's own saves also carries the live state (``live/``: ``model.safetensors``,
+``optimizer.pt``, ``scheduler.pt``, the file names of a Trainer checkpoint); resuming still
+goes through the newest folder the Trainer wrote.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from prudent.adapters.core import AdapterRun
 from prudent.stop import StopKind
@@ -38,6 +48,10 @@ __all__ = ["HPARAMS", "PrudentCallback"]
 HPARAMS = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
            "gradient_accumulation_steps", "weight_decay", "warmup_steps", "max_grad_norm",
            "lr_scheduler_type", "seed", "adam_beta1", "adam_beta2", "adam_epsilon")
+
+LIVE = "live"  # the live state in a prudent checkpoint, when no Trainer folder of that step
+WEIGHTS, WEIGHTS_BIN = "model.safetensors", "pytorch_model.bin"  # the Trainer's file names
+OPTIMIZER, SCHEDULER = "optimizer.pt", "scheduler.pt"
 
 
 class PrudentCallback(TrainerCallback):
@@ -61,6 +75,12 @@ class PrudentCallback(TrainerCallback):
         self._saving_to_stop = False
         self._epoch_done: int | None = None  # ended, but the Trainer has yet to evaluate it
         self._written: Path | None = None  # the newest checkpoint folder the Trainer wrote
+        self._written_step = -1
+        self._resumed_from: Path | None = None  # the Trainer folder this process resumed from
+        self._model: Any = None
+        self._optimizer: Any = None  # the torch optimizer (accelerate's wrapper holds it)
+        self._wrapper: Any = None  # what the Trainer calls step() on
+        self._scheduler: Any = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -68,8 +88,11 @@ class PrudentCallback(TrainerCallback):
         return self.adapter.config
 
     def resume_path(self) -> str | None:
-        """The checkpoint folder for ``trainer.train(resume_from_checkpoint=...)`` (None: fresh)."""
-        return self.adapter.resume_path
+        """The checkpoint folder for ``trainer.train(resume_from_checkpoint=...)`` (None: fresh).
+        A checkpoint carrying only the live state (no Trainer folder yet) does not resume: it
+        holds no ``trainer_state.json``, and the Trainer would count from step 0 again."""
+        path = self.adapter.resume_path
+        return None if path is None or Path(path).name == LIVE else path
 
     # set-up ---------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -86,25 +109,64 @@ class PrudentCallback(TrainerCallback):
             # smoke runs are not the user's runs: their checkpoints stay in the throwaway home
             args.output_dir = str(self.adapter.ctx.run_dir / "trainer-output")
         self._output_dir = Path(args.output_dir)
+        resumed = self.resume_path()
+        self._resumed_from = Path(resumed) if resumed is not None else None
         self.adapter.framework_checkpoint.bind(self._newest_checkpoint)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
         self.adapter.ctx.state.step = state.global_step  # where the Trainer resumed
-        # accelerate's AcceleratedOptimizer wraps the torch optimizer that steps
-        self.adapter.watch(model=model, optimizer=getattr(optimizer, "optimizer", optimizer))
+        # accelerate's AcceleratedOptimizer wraps the torch optimizer that steps; the scheduler
+        # is watched too: reduce_lr scales its base learning rates, or its next step undoes it
+        self._model, self._wrapper = model, optimizer
+        self._optimizer = getattr(optimizer, "optimizer", optimizer)
+        self._scheduler = _torch_scheduler(lr_scheduler)
+        self.adapter.watch(model=model, optimizer=self._optimizer, scheduler=self._scheduler)
         if model is not None and not self._hooks:
             self._hooks = [model.register_forward_pre_hook(self._forward_starts, with_kwargs=True),
                            model.register_forward_hook(self._forward_ends)]
+        if model is not None and self._optimizer is not None:
+            self.adapter.framework_checkpoint.bind(self._newest_checkpoint, self._files,
+                                                   self._load_live)
 
     def _newest_checkpoint(self, folder: Path) -> Path | None:
-        """The newest checkpoint folder this process's Trainer wrote, copied: prudent's
-        checkpoint carries it (None: none yet; the one resumed from stays carried)."""
-        if self._written is None or not self._written.is_dir():
+        """The newest checkpoint folder this process's Trainer wrote (or the one it resumed
+        from), copied: prudent's checkpoint carries it (None: none yet)."""
+        source = self._written or self._resumed_from
+        if source is None or not source.is_dir():
             return None
-        target = folder / self._written.name
-        shutil.copytree(self._written, target)
+        target = folder / source.name
+        shutil.copytree(source, target)
         return target
+
+    def _files(self) -> tuple[str, dict[str, bytes]]:
+        """What prudent's checkpoint carries, made in memory (no scratch folder written and
+        read back): the Trainer's newest folder, and the live state when that folder is older
+        than this step (a rollback or ``restore_best`` must get the weights of the
+        checkpoint's step, not of the Trainer's last save)."""
+        files: dict[str, bytes] = {}
+        source, entry = self._written or self._resumed_from, LIVE
+        if source is not None and source.is_dir():
+            entry = source.name
+            files.update({f"{entry}/{p.relative_to(source).as_posix()}": p.read_bytes()
+                          for p in sorted(source.rglob("*")) if p.is_file()})
+            if self._written is not None and self._written_step == self.adapter.ctx.state.step:
+                return entry, files  # the Trainer saved this very step (a stop): its folder
+        files.update(_live_files(self._model, self._optimizer, self._scheduler))
+        return entry, files
+
+    def _load_live(self, path: Path) -> None:
+        """A checkpoint restored while ``train()`` runs: the weights, the optimizer's and the
+        LR scheduler's state as they were then, in place, between two steps (the Trainer's
+        step counter, epoch and data position go on). Read without unpickling: safetensors,
+        or ``torch.load(weights_only=True)`` as the Trainer reads its own files."""
+        live = path.parent / LIVE
+        folder = live if live.is_dir() else path
+        _load_weights(self._model, folder)
+        self._optimizer.load_state_dict(
+            torch.load(folder / OPTIMIZER, map_location="cpu", weights_only=True))
+        if self._scheduler is not None and (folder / SCHEDULER).is_file():
+            self._scheduler.load_state_dict(torch.load(folder / SCHEDULER, weights_only=True))
 
     # the loop -------------------------------------------------------------------------------
     def on_epoch_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None,
@@ -139,7 +201,15 @@ class PrudentCallback(TrainerCallback):
             self._loss = loss if self._loss is None else self._loss + loss
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        inner = self._optimizer
+        before = vars(inner).get("step") if inner is not None else None
         self.adapter.after_backward(self._loss)
+        if inner is not None and vars(inner).get("step") is not before and (
+                self._wrapper is not inner):
+            # a component made this step's update a no-op (loss_spike's skip): the Trainer
+            # steps accelerate's wrapper, which with a GradScaler puts its own step() on the
+            # torch optimizer first; this once, the wrapper calls the no-op directly
+            self._wrapper.step = _once(self._wrapper, inner)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         loss, self._loss, self._in_step = self._loss, None, False
@@ -159,6 +229,7 @@ class PrudentCallback(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._written = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        self._written_step = state.global_step
         if self._saving_to_stop:
             self._saving_to_stop = False
             self.adapter.take_stop()
@@ -178,3 +249,74 @@ class PrudentCallback(TrainerCallback):
         self._hooks = []
         self.adapter.framework_checkpoint.bind(None)
         self.adapter.finish()
+
+
+def _torch_scheduler(scheduler: Any) -> Any:
+    """The torch LR scheduler (accelerate's AcceleratedScheduler wraps it when prepared)."""
+    inner = getattr(scheduler, "scheduler", scheduler)
+    return inner if isinstance(inner, torch.optim.lr_scheduler.LRScheduler) else None
+
+
+def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
+    """The live state under the names of a Trainer checkpoint's files (copies: the writer
+    thread writes them while training goes on)."""
+    import io
+
+    from safetensors.torch import save
+
+    tensors: dict[str, Any] = {}
+    seen: set[tuple[Any, ...]] = set()
+    for name, tensor in model.state_dict().items():
+        where = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.shape)
+        if tensor.numel() and where in seen:
+            continue  # a tied weight: saved once, as the Trainer saves it
+        seen.add(where)
+        tensors[name] = tensor.detach().contiguous()
+    files = {f"{LIVE}/{WEIGHTS}": save(tensors, metadata={"format": "pt"})}
+    for name, obj in ((OPTIMIZER, optimizer), (SCHEDULER, scheduler)):
+        if obj is not None:
+            buffer = io.BytesIO()
+            torch.save(obj.state_dict(), buffer)
+            files[f"{LIVE}/{name}"] = buffer.getvalue()
+    return files
+
+
+def _once(wrapper: Any, inner: Any) -> Any:
+    def step(*args: Any, **kwargs: Any) -> Any:
+        vars(wrapper).pop("step", None)
+        return inner.step()
+
+    return step
+
+
+def _load_weights(model: Any, folder: Path) -> None:
+    """The weights of a Trainer checkpoint folder (or of prudent's ``live/``) into ``model``:
+    safetensors, one file or sharded, else ``pytorch_model.bin`` with ``weights_only=True``.
+    Keys missing from the file must be weights tied to one it holds (saved once)."""
+    from safetensors.torch import load_file
+
+    files = _weight_files(folder)
+    state: dict[str, Any] = {}
+    for file in files:
+        state.update(load_file(file) if file.suffix == ".safetensors"
+                     else torch.load(file, map_location="cpu", weights_only=True))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    loaded = {own[k].data_ptr() for k in state if k in own}
+    untied = [k for k in missing if own[k].data_ptr() not in loaded]
+    if unexpected or untied:
+        raise RuntimeError(f"the checkpoint in {folder} does not fit the Trainer's model: "
+                           f"missing {untied[:5]}, unexpected {unexpected[:5]}; was it written "
+                           "for another model?")
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    for single, index in ((WEIGHTS, WEIGHTS + ".index.json"),
+                          (WEIGHTS_BIN, WEIGHTS_BIN + ".index.json")):
+        if (folder / single).is_file():
+            return [folder / single]
+        if (folder / index).is_file():
+            shards = json.loads((folder / index).read_text())["weight_map"].values()
+            return [folder / name for name in sorted(set(shards))]
+    raise FileNotFoundError(f"no model weights ({WEIGHTS} or {WEIGHTS_BIN}) in {folder}: "
+                            "cannot put the checkpoint back into the live model")
