@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from prudent.adapters.core import AdapterRun
+from prudent.events import Event
 from prudent.stop import StopKind
 
 try:
@@ -68,6 +69,7 @@ class PrudentCallback(TrainerCallback):
         self.adapter = AdapterRun("transformers", name, config, exit_on_stop=exit_on_stop,
                                   **init_kwargs)
         self.run = self.adapter.run
+        self._before_backward = self.adapter.ctx.handlers[Event.BEFORE_BACKWARD]
         self._loss: Any = None
         self._in_step = False  # a training forward of this optimizer step was seen
         self._hooks: list[Any] = []
@@ -201,8 +203,13 @@ class PrudentCallback(TrainerCallback):
             self._loss = loss if self._loss is None else self._loss + loss
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        inner = self._optimizer
+        inner, ctx = self._optimizer, self.adapter.ctx
         before = vars(inner).get("step") if inner is not None else None
+        # the step's loss, judged before the update (loss_spike's skip), as run.backward()
+        # announces it; the Trainer has no hook between forward and backward, so its
+        # gradients exist already
+        for handler in self._before_backward:
+            handler(ctx, self._loss)
         self.adapter.after_backward(self._loss)
         if inner is not None and vars(inner).get("step") is not before and (
                 self._wrapper is not inner):

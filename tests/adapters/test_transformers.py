@@ -16,6 +16,9 @@ pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")
 
 VOCAB, LENGTH = 64, 16
+# a spike's clipped gradients are concentrated in the classifier: vanishing_gradient (being
+# reworked) may judge that step, which is not what the spike tests are about
+CALM = {"vanishing_gradient": {"enabled": False}}
 
 
 @pytest.fixture(autouse=True)
@@ -154,7 +157,7 @@ def test_a_real_loss_spike_is_rolled_back_to_the_checkpoint_before_it(tmp_path: 
 
     settings = make_settings(tmp_path, checkpoint={"every": "10steps", "at_epoch_end": False},
                              monitor={"check_every_steps": 1,
-                                      "rules": {"loss_spike": {"action": ["rollback"]}}})
+                                      "rules": {"loss_spike": {"action": ["rollback"]}, **CALM}})
     cb = PrudentCallback("spike", {}, exit_on_stop=False, settings=settings)
     probe = _Probe()
     probe.act = {step: lambda run: probe.states.update({run.state.step: probe.state()})
@@ -210,7 +213,7 @@ def test_loss_spikes_skip_update_is_not_applied_by_the_trainer(tmp_path: Path) -
     from prudent.testing import make_settings
     from prudent.transformers import PrudentCallback
 
-    settings = make_settings(tmp_path, monitor={"check_every_steps": 1})
+    settings = make_settings(tmp_path, monitor={"check_every_steps": 1, "rules": CALM})
     cb = PrudentCallback("skip", {}, exit_on_stop=False, settings=settings)
     probe = _Probe()
     probe.act = {39: lambda run: probe.states.update({39: probe.state()}),
