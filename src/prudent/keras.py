@@ -205,18 +205,22 @@ class PrudentCallback(keras.callbacks.Callback):
 
     def _track_loss(self, values: Any, sample_weight: Any = None) -> Any:
         """The loss tracker's update with this step's loss: kept as it is (Keras logs the
-        epoch's running mean, in which one huge batch is diluted)."""
-        self._step_loss = values.detach() if hasattr(values, "detach") else values
+        epoch's running mean, in which one huge batch is diluted). Not detached: the gradient
+        hooks and the step's metrics get this one tensor, as a hand-written loop's
+        ``run.backward(loss)`` and ``run.step(loss=loss)`` do, so its number is read once for
+        every component (``RunContext.host_scalar``), and the components detach what they keep."""
+        self._step_loss = values
         return self._update(values, sample_weight=sample_weight)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.adapter.stop is not None or self._skipped:  # not trained: resumed or smoke
+        if self._skipped or self.adapter.stop is not None:  # not trained: resumed or smoke
             return
         self._batch += 1
         loss = self._loss if self._loss is not None else (logs or {}).get("loss")
         self._loss = None
-        metrics = {"loss": loss} if loss is not None else {}
-        self._stop_if(self.adapter.step_end(**metrics))
+        stop = self.adapter.step_done({"loss": loss} if loss is not None else {})
+        if stop is not None:
+            self._stop_if(stop)
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         """Nothing to do; defined so that Keras does not run evaluation callbacks on a thread

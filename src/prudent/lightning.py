@@ -82,8 +82,9 @@ class PrudentCallback(_pl.Callback):
         self.adapter = AdapterRun("lightning", name, config, exit_on_stop=exit_on_stop,
                                   **init_kwargs)
         self.run = self.adapter.run
-        self._loss: Any = None
-        self._global_step = 0
+        self._loss: Any = None  # the step's loss, as on_before_backward got it
+        self._stepped = False  # the optimizer stepped since the last batch end
+        self._automatic = True  # the module's automatic_optimization
         self._planned_epochs: int | None = None  # max_epochs as the script asked for it
         self._ctrl_c = _CtrlC()
         _LATEST["run"] = self.adapter
@@ -144,7 +145,7 @@ class PrudentCallback(_pl.Callback):
         self.adapter.watch(model=pl_module, **optimizers, **schedulers)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        self._global_step = trainer.global_step
+        self._automatic = bool(pl_module.automatic_optimization)
         loaders = trainer.train_dataloader
         for loader in loaders.values() if isinstance(loaders, dict) else (
                 loaders if isinstance(loaders, (list, tuple)) else [loaders]):
@@ -167,18 +168,26 @@ class PrudentCallback(_pl.Callback):
         self._loss = loss
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        # Lightning calls this hook exactly when it counts an optimizer step (global_step):
+        # the flag tells on_train_batch_end so, without reading global_step's property chain
+        self._stepped = True
         self.adapter.after_backward(self._loss)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if trainer.global_step == self._global_step:  # a micro-batch: no optimizer step yet
+        if not self._stepped:  # a micro-batch: no optimizer step yet
             self.adapter.batch_end()
             return
-        self._global_step = trainer.global_step
-        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        self._stepped = False
+        # Automatic optimization: the step's loss is the very tensor the gradient hooks got
+        # (the value Lightning returns in outputs["loss"], as a detached clone): its number is
+        # read once for every component (RunContext.host_scalar), and nothing is detached or
+        # looked up per step. A hand-written loop's run.step(loss=loss) passes it the same way.
+        loss = self._loss if self._automatic else _returned_loss(outputs)
         self._loss = None
-        metrics = {"loss": loss.detach()} if hasattr(loss, "detach") else {}
-        self._stop_if(trainer, self.adapter.step_end(**metrics))
+        stop = self.adapter.step_done({"loss": loss} if loss is not None else {})
+        if stop is not None:
+            self._stop_if(trainer, stop)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.sanity_checking or self.adapter.stop is not None:
@@ -325,6 +334,12 @@ class _BytesCheckpointIO(_pl.plugins.TorchCheckpointIO):  # type: ignore[misc]
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
         self.data = buffer.getvalue()
+
+
+def _returned_loss(outputs: Any) -> Any:
+    """Manual optimization: the loss ``training_step`` returned, if any (detached)."""
+    loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+    return loss.detach() if hasattr(loss, "detach") else None
 
 
 def _scalar(value: Any) -> bool:

@@ -76,3 +76,69 @@ def test_a_rollback_during_fit_puts_the_live_weights_and_optimizer_back(tmp_path
     for key, kept in probe.kept.items():
         assert torch.equal(kept, probe.after[key]), key  # the live objects, not only a file
     assert trainer.global_step == 12 and cb.run.stop_reason is None  # fit went on to the end
+
+
+class _Seen(Component):
+    """The loss each per-step event hands the components, and the step it is counted as."""
+
+    name = "seen"
+
+    def __init__(self) -> None:
+        self.backward: list[float] = []
+        self.steps: list[tuple[int, float]] = []
+
+    def on_after_backward(self, run: Any, loss: Any) -> None:
+        self.backward.append(run.host_scalar(loss))  # as the components read it
+
+    def on_step_end(self, run: Any, metrics: dict[str, Any]) -> None:
+        self.steps.append((run.state.step, run.host_scalar(metrics["loss"])))
+
+
+class _Recording(_Tiny):
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: list[float] = []
+
+    def training_step(self, batch: Any, idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, idx)
+        self.losses.append(loss.item())
+        return loss
+
+
+class _Manual(_Recording):
+    """Manual optimization, stepping every second batch (the script's own accumulation)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, idx)
+        self.manual_backward(loss)
+        if idx % 2 == 1:
+            optimizer = self.optimizers()
+            optimizer.step()
+            optimizer.zero_grad()
+        return loss
+
+
+@pytest.mark.parametrize("manual", [False, True], ids=["accumulate_grad_batches", "manual"])
+def test_each_optimizer_step_is_one_step_with_its_loss_before_and_after_the_update(
+        tmp_path: Path, manual: bool) -> None:
+    from prudent.lightning import PrudentCallback
+
+    cb = PrudentCallback("steps", {}, exit_on_stop=False, settings=make_settings(tmp_path))
+    seen = _Seen()
+    cb.adapter.ctx.add_component(seen)
+    module = _Manual() if manual else _Recording()
+    trainer = L.Trainer(max_steps=6, callbacks=[cb], accelerator="cpu", logger=False,
+                        accumulate_grad_batches=1 if manual else 2, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, tiny_loader(num_samples=96, batch_size=8))
+
+    # two batches an optimizer step: each step's loss is its second batch's (Lightning divides
+    # an accumulated loss by the number of batches, as it hands it to backward)
+    expected = [loss / (1 if manual else 2) for loss in module.losses[1::2]]
+    assert trainer.global_step == 6 and [step for step, _ in seen.steps] == [1, 2, 3, 4, 5, 6]
+    assert [loss for _, loss in seen.steps] == pytest.approx(expected, rel=1e-6)
+    assert seen.backward == pytest.approx(expected, rel=1e-6)  # the rules saw it before the update
