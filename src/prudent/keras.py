@@ -284,20 +284,27 @@ def _optimizer_view(optimizer: Any, model: Any) -> _KerasOptimizerView | None:
 
 class _LearningRateGroup(dict):  # type: ignore[type-arg]
     """A param group whose ``"lr"`` is the Keras optimizer's ``learning_rate`` variable: read
-    from it, and written into it (``reduce_lr``, a rollback's ``lr_factor``)."""
+    from it, and written into it (``reduce_lr``, a rollback's ``lr_factor``).
+
+    Read from the variable's torch tensor, held once: Keras assigns a learning rate in place
+    (``assign``, the ``learning_rate`` setter, ``load_weights``, ``ReduceLROnPlateau``), and
+    its ``optimizer.learning_rate.value`` costs ~17 Python calls a read (the monitor reads
+    the rate at each rule check)."""
 
     def __init__(self, optimizer: Any, params: list[Any]) -> None:
-        super().__init__(params=params, lr=float(optimizer.learning_rate.value))
         self.keras_optimizer = optimizer
+        self._variable = optimizer.learning_rate
+        self._rate = self._variable.value
+        super().__init__(params=params, lr=float(self._rate))
 
     def __getitem__(self, key: str) -> Any:
         if key == "lr":
-            return float(self.keras_optimizer.learning_rate.value)
+            return float(self._rate)
         return super().__getitem__(key)
 
     def __setitem__(self, key: str, value: Any) -> None:
         if key == "lr":
-            self.keras_optimizer.learning_rate.assign(float(value))
+            self._variable.assign(float(value))
         super().__setitem__(key, value)
 
 

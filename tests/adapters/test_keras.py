@@ -213,3 +213,39 @@ def test_reduce_lr_and_a_skipped_update_reach_the_keras_optimizer(tmp_path: Path
     for before, after in zip(probe.before, probe.after):  # step 5's update was skipped
         np.testing.assert_array_equal(before, after)
     assert int(_numpy(model.optimizer.iterations)) == 8 - 1  # 8 steps, one update skipped
+
+
+class _Rates(Component):
+    """The learning rate each step's components read from the optimizer the adapter showed."""
+
+    name = "rates"
+
+    def __init__(self) -> None:
+        self.optimizers: list = []
+        self.rates: list[float] = []
+
+    def on_attach(self, run, objects) -> None:
+        import torch
+
+        self.optimizers += [o for o in objects.values() if isinstance(o, torch.optim.Optimizer)]
+
+    def on_step_end(self, run, metrics) -> None:
+        self.rates.append(self.optimizers[0].param_groups[0]["lr"])
+
+
+def test_the_components_read_the_learning_rate_keras_itself_changes(tmp_path: Path) -> None:
+    from prudent.keras import PrudentCallback
+
+    settings = make_settings(tmp_path, console={"mode": "off"})
+    cb = PrudentCallback("rates", {}, exit_on_stop=False, settings=settings)
+    rates = _Rates()
+    cb.adapter.ctx.add_component(rates)
+    model = _model()  # Adam(0.01)
+    x = np.random.default_rng(0).normal(size=(32, 4)).astype("float32")
+    schedule = keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.02 * (epoch + 1))
+    model.fit(x, x[:, :1], epochs=2, batch_size=8, verbose=0, callbacks=[schedule, cb])
+
+    assert rates.rates == pytest.approx([0.02] * 4 + [0.04] * 4)  # the setter, each epoch
+    rates.optimizers[0].param_groups[0]["lr"] = 0.005  # as reduce_lr writes it
+    assert float(_numpy(model.optimizer.learning_rate)) == pytest.approx(0.005)
+    assert rates.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.005)
