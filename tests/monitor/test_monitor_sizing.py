@@ -4,8 +4,14 @@ learning rate zeroed by mistake."""
 from __future__ import annotations
 
 from prudent.monitor import MonitorSettings
-from prudent.monitor.base import LayerSample, MemorySample, Window
-from prudent.monitor.rules import LossNotDecreasingRule, MemoryGrowthRule, UpdateRatioRule
+from prudent.monitor.base import ActivationSample, LayerSample, MemorySample, Rule, Window
+from prudent.monitor.rules import (
+    DeadActivationsRule,
+    LossNotDecreasingRule,
+    MemoryGrowthRule,
+    UpdateRatioRule,
+    VanishingGradientRule,
+)
 from prudent.monitor.stats import StepStats
 from prudent.testing import FakeClock
 
@@ -134,3 +140,67 @@ def test_memory_sampling_sized_at_a_check_counts_from_the_step_the_run_is_at() -
     for step in range(11, 21):
         stats.step_end(step, 1.0)
     assert [m.step for m in stats.take_window().memory] == [15, 20]
+
+
+def _sampled(step: int, planned: int, every: int = 20, ratio: float = 5e-8,
+             lr: float = 1e-6) -> Window:
+    """A check's window on a run of ``planned`` steps with a layer sample every ``every``: the
+    update ratio of a learning rate 1000x too small, everything dead or vanishing."""
+    return Window(steps=[step], loss=[2.3], lr=lr, peak_lr=lr, max_lr=lr, planned_steps=planned,
+                  sample_every=every,
+                  layers=[LayerSample(step, {"0.weight": 1e-12, "2.weight": 1e-2}, ratio)],
+                  activations=[ActivationSample(step, {"1": 1.0}, {"1": "dead"})])
+
+
+def _fires_at(rule: Rule, planned: int, every: int = 20, **kw: float) -> int | None:
+    rule.fit(planned)
+    for step in range(every, 40 * every, every):
+        found = rule.check(_sampled(step, planned, every, **kw))
+        if found is not None:
+            return found.step
+    return None
+
+
+def test_layer_rules_fire_within_about_a_tenth_of_a_short_run_but_never_on_one_sample() -> None:
+    # samples every 20 steps: 3 in a row took 60 steps of a 336-step run (18%); 2 fit in a
+    # tenth-ish, and one sample alone is never a verdict
+    for cls in (DeadActivationsRule, UpdateRatioRule):
+        assert _fires_at(cls(), 336) == 40, cls.name
+        # a long run: 3 samples fit in a tenth (update_ratio's warm-up, 100 steps, skips one)
+        third = 400 if cls is UpdateRatioRule else 300
+        assert _fires_at(cls(), 100_000, every=100) == third, cls.name
+        # a patience you set is kept, on a short run too
+        assert _fires_at(cls(cls.Settings(patience=4)), 336) == 80, cls.name
+    rule = DeadActivationsRule()
+    rule.fit(336)
+    assert rule.check(_sampled(20, 336)) is None  # one sample: no verdict
+    # vanishing_gradient keeps its 3: a tiny BERT's attention query and key gradients sit at
+    # 1e-5 of its classifier's for its first hundreds of steps while it learns
+    assert _fires_at(VanishingGradientRule(), 336) == 60
+
+
+def test_update_ratio_judges_the_first_samples_but_waits_while_the_learning_rate_rises() -> None:
+    # a short run: the first sample (step 20) is judged (the warm-up is a fortieth of the run)
+    assert _fires_at(UpdateRatioRule(), 448) == 40
+    # a linear warm-up of the learning rate: small updates by design, not judged while it rises
+    rule = UpdateRatioRule()
+    rule.fit(448)
+    found = [rule.check(_sampled(step, 448, lr=1e-6 * step)) for step in range(20, 200, 20)]
+    assert found == [None] * len(found)
+    # flat from step 200 on: judged again, 2 samples in a row
+    assert [rule.check(_sampled(step, 448, lr=2e-4)) for step in (200, 220)] == [None, None]
+    found = rule.check(_sampled(240, 448, lr=2e-4))
+    assert found is not None and found.step == 240
+
+
+def test_memory_growth_warm_up_skips_only_the_first_sample() -> None:
+    rule = MemoryGrowthRule()
+    rule.fit(1344)  # memory every 13 steps: the warm-up is one of them
+    assert rule.settings.warmup_steps == 13
+    found = None
+    for i in range(1, 30):  # 128 kB a step, a millisecond a step, 20 GB left
+        step = 13 * i
+        found = found or rule.check(Window(memory=[memory(step, 340 + step / 8, step / 1000,
+                                                          20_000)]))
+    # 6 samples from step 26 and the 8 MB the projection needs: step 91 (was 140)
+    assert found is not None and found.step == 91

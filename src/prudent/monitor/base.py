@@ -15,14 +15,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "ActionName", "ActivationSample", "EvalSample",
-           "Finding", "LayerSample",
-           "MemorySample", "Rule", "RuleSettings", "Window", "action_default",
-           "finite", "fmt", "warmup_default"]
+__all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "MIN_SAMPLES", "ActionName", "ActivationSample",
+           "EvalSample", "Finding", "LayerSample", "MemorySample", "Rule", "RuleSettings", "Window",
+           "action_default", "finite", "fmt", "warmup_default"]
 
 ActionName = Literal["stop", "reduce_lr", "alert", "capture", "prune", "skip", "rollback"]
 ACTION_NAMES: tuple[str, ...] = ("alert", "capture", "prune", "reduce_lr", "rollback", "skip",
                                  "stop")
+MIN_SAMPLES = 2  # the fewest layer samples in a row a rule sized to a short run fires on
 
 
 class RuleSettings(BaseModel):
@@ -144,6 +144,7 @@ class Window:
     amp: bool = False
     planned_steps: int | None = None  # run.epochs(n) x the loader's length, or run.steps(n)
     step_s: float | None = None  # the mean step time lately (seconds)
+    sample_every: int | None = None  # steps between two layer samples, now
     _finite: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
                                                     compare=False)
     _measured: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
@@ -260,6 +261,18 @@ class Rule:
 
     def active_at(self, step: int) -> bool:
         return step > self.settings.warmup_steps
+
+    def samples_patience(self, window: Window) -> int:
+        """``settings.patience`` for a rule that counts layer samples in a row, or as many
+        samples as come in a tenth of the planned run when that is fewer (a verdict within
+        about a tenth of the run), but never fewer than 2: one sample is one batch, and a
+        second rules out a transient. A patience you set yourself is kept."""
+        patience: int = self.settings.patience  # type: ignore[attr-defined]
+        given = getattr(self, "_given", None) or self.settings  # before fit() sized anything
+        if not window.planned_steps or not window.sample_every or "patience" in (
+                given.model_fields_set):
+            return patience
+        return max(MIN_SAMPLES, min(patience, window.planned_steps // 10 // window.sample_every))
 
     def fit(self, planned_steps: int) -> str | None:
         """Size warm-up, windows and patience to a run of ``planned_steps`` (called once the

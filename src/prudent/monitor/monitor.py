@@ -246,6 +246,7 @@ class Monitor(Component):
         if planned is not None and planned != self._fitted_for and self.settings.size_to_run:
             self._fit(run, planned)
         window.planned_steps, window.step_s = planned, self.stats.last_step_s
+        window.sample_every = self.stats.sample_every
         self._count_train_loss(window)
         if logged is not None:
             window.evals.append(EvalSample(run.state.step, dict(logged), self._mean_train_loss()))

@@ -51,7 +51,7 @@ class UpdateRatioRule(Rule):
     needs = frozenset({"layers", "steps"})  # steps: the learning rate, read at every check
     Settings = UpdateRatioSettings
     settings: UpdateRatioSettings
-    state_fields = ("low", "high", "zero_checks", "zero_since")
+    state_fields = ("low", "high", "zero_checks", "zero_since", "last_lr")
 
     def __init__(self, settings: UpdateRatioSettings | None = None) -> None:
         super().__init__(settings)
@@ -59,23 +59,39 @@ class UpdateRatioRule(Rule):
         self.high = 0
         self.zero_checks = 0  # checks in a row that read a zero learning rate in every group
         self.zero_since: int | None = None
+        self.last_lr: float | None = None  # the learning rate read at the previous check
+        self._patience = self.settings.patience  # sized to the run at each check
 
     def fit(self, planned_steps: int) -> str | None:
-        # a twentieth: the samples after it still need `patience` in a row, and a learning
-        # rate warm-up is not judged (its lr is the peak so far, and its updates are small
-        # but not 1e-6 of the weights)
-        self.sized(planned_steps, warmup_steps=min(100, planned_steps // 20))
+        # a fortieth (on a short run the first layer sample, 20 steps in, is judged): the
+        # start-up transient is the high side's (weights that start at zero take updates as
+        # large as themselves for a few steps); the low side pauses while the learning rate
+        # still rises (a warm-up), and the samples still need `patience` in a row
+        self.sized(planned_steps, warmup_steps=min(100, planned_steps // 40))
         return None
 
     def check(self, window: Window) -> Finding | None:
-        tail = window.in_schedule_tail(self.settings.min_lr_fraction)
+        # the low side pauses in a schedule's tail and while the learning rate still rises
+        paused = window.in_schedule_tail(self.settings.min_lr_fraction)
+        paused = self._lr_rising(window) or paused
         zeroed = self._lr_zeroed(window)
         if zeroed:
-            tail = False  # a learning rate of 0 well before the end is no schedule's tail
+            paused = False  # a learning rate of 0 well before the end is no schedule's tail
         finding = self._zero_for_good(window, zeroed)
         if finding is not None or not window.layers:
             return finding
-        return self.first_finding(window.layers, lambda sample: self._judge(sample, tail, zeroed))
+        self._patience = self.samples_patience(window)
+        return self.first_finding(window.layers,
+                                  lambda sample: self._judge(sample, paused, zeroed))
+
+    def _lr_rising(self, window: Window) -> bool:
+        """The learning rate rose since the previous check: a warm-up, whose first updates are
+        small by design (linear from 0: below 1e-6 of the weights for a while when the peak
+        update is 1e-5 of them, as in a fine-tune)."""
+        last = self.last_lr
+        if window.lr is not None:
+            self.last_lr = window.lr
+        return window.lr is not None and last is not None and window.lr > last
 
     def _zero_for_good(self, window: Window, zeroed: bool) -> Finding | None:
         """The learning rate of every param group read 0 at ``zero_lr_checks`` checks in a
@@ -107,11 +123,11 @@ class UpdateRatioRule(Rule):
             return False
         return window.planned_steps is None or window.steps[-1] < 0.9 * window.planned_steps
 
-    def _judge(self, sample: LayerSample, tail: bool, zeroed: bool = False) -> Finding | None:
+    def _judge(self, sample: LayerSample, paused: bool, zeroed: bool = False) -> Finding | None:
         ratio, s = sample.update_ratio, self.settings
         if zeroed and ratio == 0 and self.active_at(sample.step):
             self.low += 1
-            if self.low >= s.patience:
+            if self.low >= self._patience:
                 return Finding(sample.step, 0.0, s.min_ratio, (
                     f"updates stopped: the learning rate is 0 at step {sample.step} and the "
                     f"weights did not move for {self.low} samples in a row, with more than a "
@@ -120,14 +136,14 @@ class UpdateRatioRule(Rule):
         if not finite(ratio) or ratio == 0 or not self.active_at(sample.step):
             return None
         self.high = self.high + 1 if ratio > s.max_ratio else 0  # type: ignore[operator]
-        self.low = self.low + 1 if ratio < s.min_ratio and not tail else 0  # type: ignore[operator]
-        if self.high >= s.patience:
+        self.low = self.low + 1 if ratio < s.min_ratio and not paused else 0  # type: ignore[operator]
+        if self.high >= self._patience:
             name, worst = _largest(sample.layer_update_ratio)
             return Finding(sample.step, ratio, s.max_ratio, (
                 f"updates too large: ||update||/||weights|| is {fmt(ratio)} at step {sample.step} "
                 f"(largest {name}: {fmt(worst)}), above {s.max_ratio:g} for {self.high} samples "
                 "in a row: is the learning rate too high?"))
-        if self.low >= s.patience:
+        if self.low >= self._patience:
             return Finding(sample.step, ratio, s.min_ratio, (
                 f"updates too small: ||update||/||weights|| is {fmt(ratio)} at step {sample.step}, "
                 f"below {s.min_ratio:g} for {self.low} samples in a row: is the learning rate "
@@ -160,8 +176,10 @@ class DeadActivationsRule(Rule):
     def __init__(self, settings: DeadActivationsSettings | None = None) -> None:
         super().__init__(settings)
         self.count = 0
+        self._patience = self.settings.patience  # sized to the run at each check
 
     def check(self, window: Window) -> Finding | None:
+        self._patience = self.samples_patience(window)
         return self.first_finding(window.activations, self._judge)
 
     def _judge(self, sample: ActivationSample) -> Finding | None:
@@ -171,7 +189,7 @@ class DeadActivationsRule(Rule):
         name, worst = _largest(fractions)
         s = self.settings
         self.count = self.count + 1 if worst > s.max_fraction else 0
-        if self.count < s.patience:
+        if self.count < self._patience:
             return None
         state = "saturated" if sample.kinds.get(name) == "saturated" else "dead"
         return Finding(sample.step, worst, s.max_fraction, (
