@@ -22,7 +22,8 @@ Where the median step's growth goes is printed too: the hooks and what is left, 
 collector's collections during the steps (both arms), the CPU time of the other threads
 (prudent's writer, record, checkpoint and sampler threads) and how often the training thread
 waited (voluntary context switches: for the GIL, mostly) per step; ``--breakdown`` adds each
-component handler's median per step, timed through ``RunContext.wrap_handlers``.
+component handler's median per step, timed through ``RunContext.wrap_handlers``, and each timed
+hook's (``hook <name>``: its handlers included, so the hook's own share is the difference).
 
 On a machine other processes keep busy, ``--clock cpu`` times steps by the training thread's
 CPU time (``time.thread_time``) instead of the wall clock; it leaves out the time the training
@@ -177,21 +178,28 @@ def _timed(callback: Any, hooks: tuple[str, ...], clock: Any,
     if BREAKDOWN[0]:
         _time_handlers(callback, clock)
     current = [0.0]
+    each: dict[str, float] = {}  # --breakdown: this step's seconds per hook
+    every = (*hooks, *(inner[1] if inner is not None else ()))
     for name in hooks:
         method = getattr(callback, name)
 
         def timed(*args: Any, _method: Any = method, _ends: bool = name == hooks[-1],
-                  **kwargs: Any) -> Any:
+                  _name: str = name, **kwargs: Any) -> Any:
             started = clock()
             try:
                 return _method(*args, **kwargs)
             finally:
-                current[0] += clock() - started
+                took = clock() - started
+                current[0] += took
+                each[_name] = each.get(_name, 0.0) + took
                 if _ends:
                     HOOK_S.append(current[0])
                     current[0] = 0.0
                     if HANDLERS_STEP[0] is not None:
                         HANDLERS_STEP[0]()
+                        for hook in every:  # the hooks' own medians (handlers included)
+                            HANDLER_S.setdefault(f"hook {hook}", []).append(each.pop(hook, 0.0))
+                    each.clear()
                 HOOK_LEFT[0] = current[0]
 
         setattr(callback, name, timed)
@@ -200,12 +208,15 @@ def _timed(callback: Any, hooks: tuple[str, ...], clock: Any,
         for name in names:
             method = getattr(owner, name)
 
-            def timed_inner(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+            def timed_inner(*args: Any, _method: Any = method, _name: str = name,
+                            **kwargs: Any) -> Any:
                 started = clock()
                 try:
                     return _method(*args, **kwargs)
                 finally:
-                    current[0] += clock() - started
+                    took = clock() - started
+                    current[0] += took
+                    each[_name] = each.get(_name, 0.0) + took
                     HOOK_LEFT[0] = current[0]
 
             setattr(owner, name, timed_inner)
@@ -484,8 +495,8 @@ def main() -> None:
                         help="Lightning: the digits' own epochs (45 steps, a checkpoint at each "
                         "end) instead of one epoch of --steps batches")
     parser.add_argument("--breakdown", action="store_true",
-                        help="also time each component handler in the prudent arm (about a "
-                        "microsecond a handler call more there)")
+                        help="also time each component handler and each hook in the prudent "
+                        "arm (about a microsecond a handler call more there)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     BREAKDOWN[0] = args.breakdown
