@@ -193,8 +193,13 @@ class PrudentCallback(keras.callbacks.Callback):
         return self._train_function(data)
 
     def _before_apply(self, grads: Any, variables: Any = None) -> Any:
-        self._loss, self._step_loss = self._step_loss, None
-        self.adapter.after_backward(self._loss)
+        loss, self._step_loss = self._step_loss, None
+        if loss is not None and hasattr(loss, "detach"):
+            # backward has run: the graph goes with Keras' step, as without prudent (freed
+            # hot, not a step later in a component that still held the loss)
+            loss = loss.detach()
+        self._loss = loss
+        self.adapter.after_backward(loss)
         view = self._view
         if view is None or "step" not in vars(view):
             # straight to Keras: the view's step() goes through torch's step wrapper (a
@@ -205,10 +210,9 @@ class PrudentCallback(keras.callbacks.Callback):
 
     def _track_loss(self, values: Any, sample_weight: Any = None) -> Any:
         """The loss tracker's update with this step's loss: kept as it is (Keras logs the
-        epoch's running mean, in which one huge batch is diluted). Not detached: the gradient
-        hooks and the step's metrics get this one tensor, as a hand-written loop's
-        ``run.backward(loss)`` and ``run.step(loss=loss)`` do, so its number is read once for
-        every component (``RunContext.host_scalar``), and the components detach what they keep."""
+        epoch's running mean, in which one huge batch is diluted). Detached once backward has
+        run (:meth:`_before_apply`); the gradient hooks and the step's metrics then get that one
+        tensor, so its number is read once for every component (``RunContext.host_scalar``)."""
         self._step_loss = values
         return self._update(values, sample_weight=sample_weight)
 

@@ -171,7 +171,13 @@ class PrudentCallback(_pl.Callback):
         # Lightning calls this hook exactly when it counts an optimizer step (global_step):
         # the flag tells on_train_batch_end so, without reading global_step's property chain
         self._stepped = True
-        self.adapter.after_backward(self._loss)
+        loss = self._loss
+        if loss is not None:
+            # backward has run: from here on the step's number is all anyone needs, and the
+            # autograd graph goes when Lightning lets go of it (freed hot, in Lightning's step,
+            # as without prudent; not a step later in a component that still held the loss)
+            self._loss = loss = loss.detach()
+        self.adapter.after_backward(loss)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -180,9 +186,8 @@ class PrudentCallback(_pl.Callback):
             return
         self._stepped = False
         # Automatic optimization: the step's loss is the very tensor the gradient hooks got
-        # (the value Lightning returns in outputs["loss"], as a detached clone): its number is
-        # read once for every component (RunContext.host_scalar), and nothing is detached or
-        # looked up per step. A hand-written loop's run.step(loss=loss) passes it the same way.
+        # (the value Lightning returns in outputs["loss"]): its number is read once for every
+        # component (RunContext.host_scalar), and outputs is not looked into.
         loss = self._loss if self._automatic else _returned_loss(outputs)
         self._loss = None
         stop = self.adapter.step_done({"loss": loss} if loss is not None else {})
