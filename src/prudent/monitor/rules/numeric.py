@@ -180,9 +180,11 @@ class VanishingGradientSettings(RuleSettings):
     action: list[ActionName] = action_default("stop")
     min_rms: float = Field(1e-7, gt=0, description="Fire when a weight's gradient RMS is below "
                            "this (SageMaker's VanishingGradient threshold)...")
-    min_ratio: float = Field(1e-4, gt=0, lt=1, description="...or below this fraction of the "
+    min_ratio: float = Field(1e-6, gt=0, lt=1, description="...or below this fraction of the "
                              "largest layer's (scale-free: catches a deep stack that starves "
-                             "its first layers).")
+                             "its first layers, 1e-10 in a 12-layer sigmoid stack; a tiny "
+                             "BERT's attention query and key weights get 1e-5 of its "
+                             "classifier's while it learns, which 1e-4 stopped).")
     patience: int = Field(3, ge=1, description="Layer samples in a row (one every "
                           "monitor.sample_every_steps).")
     converged: float = Field(0.1, gt=0, lt=1, description="Not judged while the training loss "
