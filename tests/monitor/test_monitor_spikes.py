@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import prudent
 from prudent.checkpoint import Checkpointer
 from prudent.checkpoint.settings import CheckpointSettings
+from prudent.events import Event
 from prudent.monitor import Monitor
 from prudent.monitor.base import Window
 from prudent.monitor.rules import LossSpikeRule
@@ -100,6 +101,33 @@ def test_the_loss_is_judged_before_backward_so_most_steps_skip_the_gradient_hook
                                   lambda step, x: x * -1000 if step == 150 else x)
     assert not moved[150] and moved[149] and moved[151]
     assert 0 < len(hooked) < 6 * 32 // 2  # the norms' steps, not all 192
+
+
+def test_a_loop_that_announces_only_after_backward_has_every_outlier_judged(
+        tmp_path: Path) -> None:
+    """An adapter's loop (Keras, Lightning) emits AFTER_BACKWARD only: the skip is judged
+    there on every step, not only on the first window's (b5b62e7 stopped listening)."""
+    settings = make_settings(tmp_path / ".prudent", monitor={"max_check_every_steps": 10})
+    run = prudent.init(name="adapter", settings=settings, exit_on_stop=False,
+                       components=[Monitor(settings.monitor, stream=io.StringIO())])
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run.attach(model=model, optimizer=opt)
+    moved: dict[int, bool] = {}
+    ctx = run.context
+    with run:
+        for _ in run.epochs(6):
+            for x, y in run.batches(tiny_loader(num_samples=32 * 8, batch_size=8)):
+                step = run.state.step + 1
+                loss = F.cross_entropy(model(x * -1000 if step == 150 else x), y)
+                loss.backward()
+                ctx.emit(Event.AFTER_BACKWARD, loss)  # what an adapter's hook does
+                before = model[0].weight.detach().clone()
+                opt.step()
+                moved[step] = not torch.equal(before, model[0].weight)
+                opt.zero_grad()
+                run.step(loss=loss)
+    assert not moved[150] and moved[149] and moved[151]
 
 
 def test_a_lasting_spike_is_rolled_back_past_its_data(tmp_path: Path) -> None:

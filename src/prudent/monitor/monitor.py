@@ -119,7 +119,14 @@ class Monitor(Component):
         skipper = self._skipper
         if skipper is None:
             return
-        self._judged_step = step = run.state.step + 1
+        self._judged_step = run.state.step + 1
+        self._judge_loss(run, loss)
+
+    def _judge_loss(self, run: RunContext, loss: Any) -> None:
+        skipper = self._skipper
+        if skipper is None:
+            return
+        step = run.state.step + 1
         value = run.host_scalar(loss)
         if value.__class__ is not float:
             self._judge_device_loss(run, step, value)
@@ -129,7 +136,9 @@ class Monitor(Component):
     def on_after_backward(self, run: RunContext, loss: Any) -> None:
         step = run.state.step + 1
         if self._skipper is not None and self._judged_step != step:
-            self.on_before_backward(run, loss)  # an adapter's loop: no BEFORE_BACKWARD
+            # an adapter's loop: no BEFORE_BACKWARD, so judged here, and this hook stays on
+            # every step (on_step_end keeps it subscribed: _judged_step is not this step)
+            self._judge_loss(run, loss)
         stats = self.stats
         if step >= stats.backward_due:
             stats.after_backward(step)
