@@ -164,16 +164,9 @@ class AdapterRun:
 
     def step_done(self, metrics: dict[str, Any]) -> StopReason | None:
         """:meth:`step_end` for a callback's per-step hook: the metrics as a dict (no keyword
-        packing), the step counted and the stop checked in this one call (the common case,
-        no stop, costs no further call)."""
-        ctx = self.ctx
-        ctx.state.step += 1
-        for handler in self._step_end:
-            handler(ctx, metrics)
-        if ctx.host_reads:
-            ctx.host_reads.clear()
-        self._batch_end = clock()
-        if self.stop is None and ctx.pending_stop is None:
+        packing), the step counted and the stop checked in one call."""
+        self.count_step(metrics)
+        if self.stop is None and self.ctx.pending_stop is None:
             return None
         return self.take_stop()
 
