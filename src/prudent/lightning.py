@@ -86,6 +86,7 @@ class PrudentCallback(_pl.Callback):
         self._stepped = False  # the optimizer stepped since the last batch end
         self._automatic = True  # the module's automatic_optimization
         self._planned_epochs: int | None = None  # max_epochs as the script asked for it
+        self._planned_max_steps = -1  # max_steps as the script asked for it
         self._ctrl_c = _CtrlC()
         _LATEST["run"] = self.adapter
 
@@ -106,6 +107,7 @@ class PrudentCallback(_pl.Callback):
         for key, value in changed.items():
             pl_module.hparams[key] = value  # read by configure_optimizers, which runs next
         self._planned_epochs = trainer.max_epochs
+        self._planned_max_steps = trainer.max_steps
         if self.adapter.is_smoke:
             self._shorten(trainer)
         self.adapter.framework_checkpoint.bind(lambda folder: _save(trainer, folder),
@@ -146,11 +148,26 @@ class PrudentCallback(_pl.Callback):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._automatic = bool(pl_module.automatic_optimization)
+        # the planned length the rules are sized to, in optimizer steps (max_steps and
+        # accumulate_grad_batches count): Lightning's own estimate, or in a smoke run (whose
+        # limits are shortened) the same worked out from what the script asked for
+        self.adapter.ctx.state.num_steps = self._plan(trainer)
         loaders = trainer.train_dataloader
         for loader in loaders.values() if isinstance(loaders, dict) else (
                 loaders if isinstance(loaders, (list, tuple)) else [loaders]):
             if isinstance(loader, ResumableLoader):
                 loader.position = lambda: self.adapter.ctx.state.batches_in_epoch
+
+    def _plan(self, trainer: Any) -> int | None:
+        if not self.adapter.is_smoke:
+            steps = trainer.estimated_stepping_batches
+            return int(steps) if 0 < steps < float("inf") else None
+        planned = [self._planned_max_steps] if self._planned_max_steps > 0 else []
+        batches = _length(trainer.train_dataloader)
+        if batches and self._planned_epochs and self._planned_epochs > 0:
+            micro = trainer.accumulate_grad_batches
+            planned.append(self._planned_epochs * -(-batches // micro))
+        return min(planned) if planned else None
 
     # the loop -------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:

@@ -27,7 +27,9 @@ goes through the newest folder the Trainer wrote.
 from __future__ import annotations
 
 import json
+import math
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +85,8 @@ class PrudentCallback(TrainerCallback):
         self._optimizer: Any = None  # the torch optimizer (accelerate's wrapper holds it)
         self._wrapper: Any = None  # what the Trainer calls step() on
         self._scheduler: Any = None
+        self._asked_max_steps = -1  # the script's max_steps (smoke mode shortens the Trainer's)
+        self._planned_epochs: int | None = None
 
     @property
     def config(self) -> dict[str, Any]:
@@ -103,6 +107,7 @@ class PrudentCallback(TrainerCallback):
         hparams = {k: getattr(v, "value", v) for k, v in hparams.items()}  # enums as strings
         for key, value in self.adapter.merge_hparams(hparams).items():
             setattr(args, key, value)
+        self._asked_max_steps = int(args.max_steps)
         if self.adapter.is_smoke:
             steps = self.adapter.smoke_steps or 8
             args.max_steps = 2 * steps
@@ -116,8 +121,21 @@ class PrudentCallback(TrainerCallback):
         self.adapter.framework_checkpoint.bind(self._newest_checkpoint)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
-                       optimizer: Any = None, lr_scheduler: Any = None, **kwargs: Any) -> None:
-        self.adapter.ctx.state.step = state.global_step  # where the Trainer resumed
+                       optimizer: Any = None, lr_scheduler: Any = None,
+                       train_dataloader: Any = None, **kwargs: Any) -> None:
+        run_state = self.adapter.ctx.state
+        run_state.step = state.global_step  # where the Trainer resumed
+        # the planned length the rules are sized to: the Trainer's own count of optimizer steps
+        # (max_steps, or the epochs x ceil(batches / accumulation)); a smoke run's is its own
+        # shortened one, so the plan is worked out from what the script asked for
+        if self.adapter.is_smoke:
+            run_state.num_steps, self._planned_epochs = _plan(
+                args, self._asked_max_steps, train_dataloader)
+        else:
+            run_state.num_steps = state.max_steps if state.max_steps > 0 else None
+            # (a loader without a length under max_steps: the Trainer plans sys.maxsize epochs)
+            epochs = state.num_train_epochs
+            self._planned_epochs = epochs if 0 < epochs < sys.maxsize else None
         # accelerate's AcceleratedOptimizer wraps the torch optimizer that steps; the scheduler
         # is watched too: reduce_lr scales its base learning rates, or its next step undoes it
         self._model, self._wrapper = model, optimizer
@@ -174,11 +192,8 @@ class PrudentCallback(TrainerCallback):
     def on_epoch_begin(self, args: Any, state: Any, control: Any, train_dataloader: Any = None,
                        **kwargs: Any) -> None:
         self._end_epoch(control)
-        try:
-            steps: int | None = len(train_dataloader) // max(1, args.gradient_accumulation_steps)
-        except TypeError:
-            steps = None
-        self.adapter.epoch_start(int(state.epoch or 0), int(args.num_train_epochs), steps)
+        self.adapter.epoch_start(int(state.epoch or 0), self._planned_epochs,
+                                 _steps_per_epoch(train_dataloader, args))
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # the Trainer evaluates after this hook: the epoch ends for prudent once it has
@@ -256,6 +271,28 @@ class PrudentCallback(TrainerCallback):
         self._hooks = []
         self.adapter.framework_checkpoint.bind(None)
         self.adapter.finish()
+
+
+def _steps_per_epoch(loader: Any, args: Any) -> int | None:
+    """Optimizer steps per epoch as the Trainer counts them: a last, shorter accumulation of
+    an epoch steps the optimizer too (None: the loader has no length)."""
+    try:
+        batches = len(loader)
+    except TypeError:
+        return None
+    return max(1, math.ceil(batches / max(1, args.gradient_accumulation_steps)))
+
+
+def _plan(args: Any, max_steps: int, loader: Any) -> tuple[int | None, int | None]:
+    """The run's planned optimizer steps and epochs for ``max_steps`` (as the script set it,
+    -1: none) and ``args.num_train_epochs``, as ``Trainer.set_initial_training_values``
+    works them out (None: unknown, the loader has no length)."""
+    per_epoch = _steps_per_epoch(loader, args)
+    if max_steps > 0:
+        return max_steps, math.ceil(max_steps / per_epoch) if per_epoch else None
+    if per_epoch is None:
+        return None, None
+    return math.ceil(args.num_train_epochs * per_epoch), math.ceil(args.num_train_epochs)
 
 
 def _torch_scheduler(scheduler: Any) -> Any:

@@ -142,3 +142,24 @@ def test_each_optimizer_step_is_one_step_with_its_loss_before_and_after_the_upda
     assert trainer.global_step == 6 and [step for step, _ in seen.steps] == [1, 2, 3, 4, 5, 6]
     assert [loss for _, loss in seen.steps] == pytest.approx(expected, rel=1e-6)
     assert seen.backward == pytest.approx(expected, rel=1e-6)  # the rules saw it before the update
+
+
+@pytest.mark.parametrize(("limits", "planned"), [
+    ({"max_steps": 30, "max_epochs": 10}, 30),  # max_steps ends the fit first: 10 x 8 is 80
+    ({"max_epochs": 3}, 24),  # 3 epochs of 16 batches, 2 per optimizer step
+])
+def test_the_rules_are_sized_to_the_optimizer_steps_lightning_plans(
+        tmp_path: Path, limits: dict[str, Any], planned: int) -> None:
+    # the monitor sizes its rules' windows to the run's planned length, in optimizer steps:
+    # max_steps and accumulate_grad_batches count (trainer.estimated_stepping_batches)
+    from prudent.lightning import PrudentCallback
+
+    cb = PrudentCallback("plan", {}, exit_on_stop=False, settings=make_settings(tmp_path))
+    monitor = next(c for c in cb.adapter.ctx.components if type(c).__name__ == "Monitor")
+    trainer = L.Trainer(accumulate_grad_batches=2, callbacks=[cb], accelerator="cpu",
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, **limits)
+    trainer.fit(_Tiny(), tiny_loader(num_samples=128, batch_size=8))
+
+    assert trainer.estimated_stepping_batches == planned
+    assert monitor._fitted_for == planned and cb.run.context.state.num_steps == planned

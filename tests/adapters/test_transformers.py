@@ -279,7 +279,7 @@ def test_a_skip_reaches_an_optimizer_that_accelerate_steps_through_a_grad_scaler
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
     wrapper = AcceleratedOptimizer(optimizer, scaler=scaler)
-    hook = SimpleNamespace(global_step=0)
+    hook = SimpleNamespace(global_step=0, max_steps=2, num_train_epochs=1)
     cb.on_train_begin(None, hook, None, model=model, optimizer=wrapper)
     before = model.weight.detach().clone()
     for _ in range(2):
@@ -322,3 +322,35 @@ def test_a_restored_checkpoint_holding_a_trainer_folder_is_loaded_from_the_train
 
     _assert_equal(probe.states[3], probe.states[5])
     assert trainer.state.global_step == 6
+
+
+class _StopAt(transformers.TrainerCallback):
+    """Ends ``train()`` after ``step`` optimizer steps, as the Trainer's own stop does."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+
+
+@pytest.mark.parametrize(("args", "planned"), [
+    ({"max_steps": 300, "num_train_epochs": 3}, 300),  # 3 epochs of 32 steps would be 96
+    ({"num_train_epochs": 2, "gradient_accumulation_steps": 3}, 22),  # 2 x ceil(32 / 3)
+    ({"num_train_epochs": 1.5}, 48),  # a fraction of an epoch: ceil(1.5 x 32)
+])
+def test_the_rules_are_sized_to_the_trainers_planned_optimizer_steps(
+        tmp_path: Path, args: dict[str, Any], planned: int) -> None:
+    # the monitor sizes its rules' windows to the run's planned length: under max_steps the
+    # Trainer's epochs are not the plan (a user trial read 96 planned steps for max_steps=300)
+    from prudent.testing import make_settings
+    from prudent.transformers import PrudentCallback
+
+    cb = PrudentCallback("plan", {}, exit_on_stop=False, settings=make_settings(tmp_path))
+    trainer = _trainer(tmp_path, _model(), [cb, _StopAt(3)], **args)
+    trainer.train()
+
+    assert trainer.state.max_steps == planned  # what the Trainer itself plans
+    assert _monitor(cb)._fitted_for == planned
+    assert cb.run.context.state.num_steps == planned
