@@ -22,6 +22,16 @@ two steps; the Trainer's counters go on. For that, each prudent checkpoint taken
 Trainer's own saves also carries the live state (``live/``: ``model.safetensors``,
 ``optimizer.pt``, ``scheduler.pt``, the file names of a Trainer checkpoint); resuming still
 goes through the newest folder the Trainer wrote.
+
+A rollback's ``skip_batches`` cannot keep batches from the Trainer, which draws its own: the
+callback drops them instead. The next ``skip_batches`` micro-batches are drawn and run forward
+and backward, but their gradients are zeroed, an optimizer step made of them alone is a no-op
+(as loss_spike's skip makes it; the LR scheduler still steps), and their losses reach no rule.
+The Trainer's ``global_step`` is not rewound to the checkpoint's (so after a rollback of k
+steps the schedule ends k steps short): ``train()`` fixes its epochs and steps per epoch before
+it starts, so a rewind of k steps buys at most ``epochs x steps per epoch - max_steps`` more
+steps (none when training by epochs; the data runs out first), and a resume derives the data
+position from ``global_step``: it would train k batches again.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from typing import Any
 import torch
 
 from prudent.adapters.core import AdapterRun
-from prudent.events import Event
+from prudent.events import Event, EventKind
 from prudent.stop import StopKind
 
 try:
@@ -87,6 +97,8 @@ class PrudentCallback(TrainerCallback):
         self._scheduler: Any = None
         self._asked_max_steps = -1  # the script's max_steps (smoke mode shortens the Trainer's)
         self._planned_epochs: int | None = None
+        self._rollback: Any = None  # the monitor's rollback action (its batches to skip)
+        self._dropping: list[int] | None = None  # a rollback's skip: [first step, batches]
 
     @property
     def config(self) -> dict[str, Any]:
@@ -142,6 +154,7 @@ class PrudentCallback(TrainerCallback):
         self._optimizer = getattr(optimizer, "optimizer", optimizer)
         self._scheduler = _torch_scheduler(lr_scheduler)
         self.adapter.watch(model=model, optimizer=self._optimizer, scheduler=self._scheduler)
+        self._rollback = _rollback_action(self.adapter.ctx)
         if model is not None and not self._hooks:
             self._hooks = [model.register_forward_pre_hook(self._forward_starts, with_kwargs=True),
                            model.register_forward_hook(self._forward_ends)]
@@ -210,22 +223,60 @@ class PrudentCallback(TrainerCallback):
             self.adapter.batch_loaded(kwargs or inputs)
 
     def _forward_ends(self, module: Any, inputs: Any, output: Any) -> None:
-        if not module.training:
-            return
+        if not module.training or (self._rollback is not None and self._rollback.skip_left):
+            return  # (a batch a rollback skips: its loss is judged by no rule)
         loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
         if loss is not None:
             loss = loss.detach()
             self._loss = loss if self._loss is None else self._loss + loss
 
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._drop_batch(state)  # a micro-batch of gradient accumulation was trained
+
+    def _drop_batch(self, state: Any) -> bool:
+        """The micro-batch just trained is one a rollback skips (``skip_batches``): its
+        gradients go. The Trainer draws its own batches, so a skipped batch is drawn and its
+        forward and backward run, but it changes nothing. True: it was one."""
+        rollback = self._rollback
+        if rollback is None or not rollback.skip_left:
+            return False
+        rollback.skip_left -= 1
+        if self._dropping is None:
+            self._dropping = [state.global_step + 1, 0]
+        self._dropping[1] += 1
+        if self._model is not None:
+            self._model.zero_grad(set_to_none=True)
+        return True
+
+    def _dropped(self, last_step: int) -> None:
+        """A rollback's skip is done (or the run ends in it): say what was not trained."""
+        (first, batches), self._dropping = self._dropping, None
+        left = self._rollback.skip_left if self._rollback is not None else 0
+        self.adapter.ctx.record_event(
+            EventKind.MONITOR, "skipped_update",
+            f"steps {first}-{last_step}: the {batches} batches after the rollback were drawn by "
+            "the Trainer (it draws its own data) and not trained: their gradients dropped, no "
+            "update made from them" + (f"; {left} more to skip when the run resumes"
+                                       if left else ""),
+            step=last_step, reason="rollback", rule="loss_spike", batches=batches,
+            first_step=first, last_step=last_step, left=left)
+
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         inner, ctx = self._optimizer, self.adapter.ctx
         before = vars(inner).get("step") if inner is not None else None
-        # the step's loss, judged before the update (loss_spike's skip), as run.backward()
-        # announces it; the Trainer has no hook between forward and backward, so its
-        # gradients exist already
-        for handler in self._before_backward:
-            handler(ctx, self._loss)
-        self.adapter.after_backward(self._loss)
+        if self._drop_batch(state):
+            # every batch of this step is one a rollback skips (a skip starts at a step): no
+            # update, made a no-op as the monitor skips an outlier's, and no loss to judge
+            self._loss = None
+            if inner is not None:
+                _no_update(inner)
+        else:
+            # the step's loss, judged before the update (loss_spike's skip), as run.backward()
+            # announces it; the Trainer has no hook between forward and backward, so its
+            # gradients exist already
+            for handler in self._before_backward:
+                handler(ctx, self._loss)
+            self.adapter.after_backward(self._loss)
         if inner is not None and vars(inner).get("step") is not before and (
                 self._wrapper is not inner):
             # a component made this step's update a no-op (loss_spike's skip): the Trainer
@@ -235,8 +286,13 @@ class PrudentCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         loss, self._loss, self._in_step = self._loss, None, False
+        inner = self._optimizer
+        if inner is not None and getattr(vars(inner).get("step"), "__name__", "") == "dropped":
+            _put_back(inner)  # a GradScaler's inf skipped the step: the no-op is not left behind
         adapter = self.adapter
         adapter.count_step({"loss": loss} if loss is not None else {})
+        if self._dropping is not None and not self._rollback.skip_left:
+            self._dropped(state.global_step)
         pending = adapter.stop_pending()
         if pending is None:
             return
@@ -266,6 +322,8 @@ class PrudentCallback(TrainerCallback):
     # the end --------------------------------------------------------------------------------
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._end_epoch(control)
+        if self._dropping is not None:
+            self._dropped(state.global_step)
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
@@ -325,9 +383,47 @@ def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
     return files
 
 
+def _rollback_action(ctx: Any) -> Any:
+    """The monitor's rollback action, told that this loop skips batches (as ``run.batches``
+    tells it): after a rollback it counts ``skip_left`` batches, which the callback drops."""
+    for component in ctx.components:
+        actions = getattr(component, "actions", None)
+        rollback = actions.get("rollback") if isinstance(actions, dict) else None
+        if rollback is not None and hasattr(rollback, "skip_left"):
+            rollback.skips_batches = True
+            return rollback
+    return None
+
+
+def _no_update(optimizer: Any) -> None:
+    """Make the optimizer's next ``step()`` a no-op that puts back what was there (the LR
+    scheduler's wrapper of ``step``, an instance attribute), as the monitor's skip does."""
+    def dropped(*args: Any, **kwargs: Any) -> None:
+        _put_back(optimizer)
+
+    dropped.previous = vars(optimizer).get("step")  # type: ignore[attr-defined]
+    optimizer.step = dropped
+
+
+def _put_back(optimizer: Any) -> None:
+    previous = vars(optimizer)["step"].previous
+    if previous is None:
+        del optimizer.step
+    else:
+        optimizer.step = previous
+
+
 def _once(wrapper: Any, inner: Any) -> Any:
+    """The wrapper's next ``step()`` calls the torch optimizer's (a no-op now) directly, then
+    the wrapper's own is back: the LR scheduler's wrapper of it, an instance attribute the
+    scheduler checks, where there was one."""
+    previous = vars(wrapper).get("step")
+
     def step(*args: Any, **kwargs: Any) -> Any:
-        vars(wrapper).pop("step", None)
+        if previous is None:
+            vars(wrapper).pop("step", None)
+        else:
+            wrapper.step = previous
         return inner.step()
 
     return step

@@ -233,6 +233,8 @@ def test_loss_spikes_skip_update_is_not_applied_by_the_trainer(tmp_path: Path) -
         assert torch.equal(before[key], after[key]) is (key != "scheduler_epoch"), key
     assert not torch.equal(after["classifier.weight"], probe.states[41]["classifier.weight"])
     assert trainer.state.global_step == 42 and cb.run.stop_reason is None
+    # the LR scheduler's wrapper of accelerate's optimizer.step is still there
+    assert getattr(trainer.optimizer.step, "_wrapped_by_lr_sched", False)
 
 
 class _SkipEveryUpdate(Component):
@@ -354,3 +356,55 @@ def test_the_rules_are_sized_to_the_trainers_planned_optimizer_steps(
     assert trainer.state.max_steps == planned  # what the Trainer itself plans
     assert _monitor(cb)._fitted_for == planned
     assert cb.run.context.state.num_steps == planned
+
+
+@pytest.mark.parametrize(("accumulation", "skip", "untouched"), [
+    (1, 5, 5),  # five steps of one batch each: none of them updates the model
+    (2, 3, 1),  # one step of two batches, then one of the next step's two: its gradient goes
+])
+def test_a_rollback_trains_none_of_the_batches_it_skips(
+        tmp_path: Path, accumulation: int, skip: int, untouched: int) -> None:
+    # the Trainer draws its own batches: the skip_batches after a rollback are drawn, but
+    # their gradients are dropped and no update is made from them
+    from prudent.testing import make_settings
+    from prudent.transformers import PrudentCallback
+
+    settings = make_settings(
+        tmp_path, checkpoint={"every": "10steps", "at_epoch_end": False},
+        monitor={"check_every_steps": 1, "actions": {"rollback": {"skip_batches": skip}},
+                 "rules": {"loss_spike": {"action": ["rollback"]}, **CALM}})
+    cb = PrudentCallback("skip-batches", {}, exit_on_stop=False, settings=settings)
+    probe = _Probe()
+    probe.act = {step: lambda run: probe.states.update({run.state.step: probe.state()})
+                 for step in range(36, 60)}
+    cb.adapter.ctx.add_component(probe)
+    model = _model()
+    # 10x the loss in steps 41-48 (counted in forwards: one a micro-batch): fires at step 45
+    model.spike, model.spike_at = 10.0, frozenset(range(40 * accumulation + 1,
+                                                        48 * accumulation + 1))
+    trainer = probe.trainer = _trainer(tmp_path, model, [cb], max_steps=60,
+                                       gradient_accumulation_steps=accumulation,
+                                       per_device_train_batch_size=8 // accumulation)
+    trainer.train()
+
+    events = cb.adapter.ctx.store.events(cb.run.id)
+    rollbacks = [e for e in events if (e["kind"], e["name"]) == ("monitor", "rollback")]
+    assert len(rollbacks) == 1, rollbacks
+    at = rollbacks[0]["step"]
+    assert f"skipping the next {skip} batches" in rollbacks[0]["message"]
+    for step in range(at + 1, at + untouched + 1):  # weights and moments as rolled back
+        state = probe.states[step]
+        for key, value in probe.states[at].items():
+            assert torch.equal(value, state[key]) is (key != "scheduler_epoch"), (step, key)
+    after = probe.states[at + untouched + 1]
+    assert not torch.equal(after["classifier.weight"], probe.states[at]["classifier.weight"])
+    skipped = [e for e in events if (e["kind"], e["name"]) == ("monitor", "skipped_update")]
+    assert len(skipped) == 1, skipped
+    payload = skipped[0]["payload"]
+    assert (payload["reason"], payload["batches"]) == ("rollback", skip)
+    assert (payload["first_step"], payload["last_step"]) == (at + 1, at + -(-skip // accumulation))
+    assert trainer.state.global_step == 60 and cb.run.stop_reason is None
+    # the LR scheduler's wrapper of accelerate's optimizer.step is back in place after the
+    # skipped updates, and no no-op is left on the torch optimizer
+    assert getattr(trainer.optimizer.step, "_wrapped_by_lr_sched", False)
+    assert "step" not in vars(trainer.optimizer.optimizer)
