@@ -14,6 +14,7 @@ import functools
 import importlib.util
 import json
 import logging
+import operator
 import os
 import random
 import re
@@ -364,7 +365,12 @@ class Store:
         with self._writer_engine.begin() as conn:
             if metric_rows:
                 metric_rows = [_nan_as_null(r) for r in metric_rows]
-                conn.execute(metrics.insert(), metric_rows)
+                sql, order = _metrics_insert(conn.dialect)
+                # the driver's own executemany: SQLAlchemy's per-row parameter processing
+                # doubled the writer thread's CPU per metric row (10.8 -> 5.4 us on SQLite),
+                # time the training thread may wait for the GIL
+                conn.exec_driver_sql(sql, list(map(order, metric_rows)) if order is not None
+                                     else [{c: r[c] for c in _METRIC_COLUMNS} for r in metric_rows])
                 upsert = _rollup_upsert(conn.dialect.name)
                 if upsert is not None:
                     conn.execute(upsert, rollup_rows(metric_rows))
@@ -435,6 +441,20 @@ def _ensure_rollup(conn: sa.Connection) -> None:
             return
         metric_rollup.drop(conn)
     metric_rollup.create(conn)
+
+
+_METRIC_COLUMNS = ("run_id", "step", "name", "value", "wall")
+
+
+@functools.cache
+def _metrics_insert(dialect: sa.Dialect) -> tuple[str, Callable[[dict[str, Any]], tuple[Any, ...]] | None]:
+    """The INSERT of a metric row in the driver's own parameter style, and for a positional
+    style what turns a row into its parameters (``None``: named, rows go as dicts)."""
+    compiled = metrics.insert().compile(dialect=dialect, column_keys=list(_METRIC_COLUMNS),
+                                       for_executemany=True)
+    if not dialect.positional or not compiled.positiontup:
+        return str(compiled), None
+    return str(compiled), operator.itemgetter(*compiled.positiontup)
 
 
 @functools.cache
