@@ -194,7 +194,10 @@ class PrudentCallback(_pl.Callback):
             # autograd graph goes when Lightning lets go of it (freed hot, in Lightning's step,
             # as without prudent; not a step later in a component that still held the loss)
             self._loss = loss = loss.detach()
+        before = vars(optimizer).get("step")
         self.adapter.after_backward(loss)
+        if vars(optimizer).get("step") is not before:
+            _skip_update_under_way(trainer, optimizer)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -366,6 +369,22 @@ def _returned_loss(outputs: Any) -> Any:
 
 def _scalar(value: Any) -> bool:
     return isinstance(value, (int, float)) or (hasattr(value, "numel") and value.numel() == 1)
+
+
+def _skip_update_under_way(trainer: Any, optimizer: Any) -> None:
+    """A component made the optimizer's next ``step()`` a no-op (loss_spike's skip of an
+    outlier's update) in this hook. Without a GradScaler Lightning runs the closure, and so this
+    hook, inside ``optimizer.step(closure)``: the update being judged is already under way and
+    the no-op would skip the next one instead. The step's gradients go (a torch optimizer
+    leaves a parameter without a gradient alone: no update, no momentum or moments, no weight
+    decay) and the no-op is used up now. With a GradScaler the closure runs first and
+    ``scaler.step`` calls ``step()`` after this hook: the no-op skips this very update."""
+    if getattr(trainer.precision_plugin, "scaler", None) is not None:
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = None
+    optimizer.step()  # the no-op: it puts back what was there
 
 
 def _length(loader: Any) -> int | None:

@@ -163,3 +163,55 @@ def test_the_rules_are_sized_to_the_optimizer_steps_lightning_plans(
 
     assert trainer.estimated_stepping_batches == planned
     assert monitor._fitted_for == planned and cb.run.context.state.num_steps == planned
+
+
+class _Spiky(_Tiny):
+    """The loss of batch ``spike_at`` (0-based, one per optimizer step) is 1000x larger."""
+
+    spike_at = 40
+
+    def training_step(self, batch: Any, idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, idx)
+        return loss * 1000.0 if self.global_step == self.spike_at else loss
+
+
+class _Weights(Component):
+    name = "weights"
+
+    def __init__(self, module: _Tiny) -> None:
+        self.module = module
+        self.at: dict[int, dict[str, torch.Tensor]] = {}
+
+    def on_step_end(self, run: Any, metrics: dict[str, Any]) -> None:
+        optimizer = self.module.trainer.optimizers[0]
+        state = {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+        for i, param in enumerate(self.module.parameters()):
+            state[f"momentum{i}"] = optimizer.state[param]["momentum_buffer"].clone()
+        self.at[run.state.step] = state
+
+
+def test_loss_spikes_skip_leaves_the_outliers_update_out_not_the_next_ones(
+        tmp_path: Path) -> None:
+    # Lightning calls on_before_optimizer_step inside optimizer.step(closure): the update of
+    # the step being judged is already under way when the monitor's skip makes step() a no-op
+    from prudent.lightning import PrudentCallback
+
+    settings = make_settings(tmp_path, monitor={"check_every_steps": 1,
+                                                "rules": {"vanishing_gradient": {"enabled": False}}})
+    cb = PrudentCallback("skip", {}, exit_on_stop=False, settings=settings)
+    module = _Spiky()
+    weights = _Weights(module)
+    cb.adapter.ctx.add_component(weights)
+    trainer = L.Trainer(max_steps=44, callbacks=[cb], accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(module, tiny_loader(num_samples=512, batch_size=8))
+
+    skipped = [e for e in cb.adapter.ctx.store.events(cb.run.id)
+               if (e["kind"], e["name"]) == ("monitor", "skipped_update")]
+    assert [e["step"] for e in skipped] == [41]  # prudent counts from 1: global_step 40
+    before, at, after = weights.at[40], weights.at[41], weights.at[42]
+    for key, value in before.items():  # the outlier's step changed nothing
+        assert torch.equal(value, at[key]), key
+    assert not torch.equal(at["net.0.weight"], after["net.0.weight"])  # the next one updates
+    assert trainer.global_step == 44 and cb.run.stop_reason is None
