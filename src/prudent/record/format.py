@@ -84,7 +84,9 @@ def encode_segment(segment: Segment) -> bytes:
     body = {"format": FORMAT, "kind": "segment", "run_id": segment.run_id,
             "attempt": vars(segment.attempt), "seq": segment.seq, "run": segment.run,
             "events": segment.events, "metrics": segment.metrics}
-    return gzip.compress(json.dumps(body, separators=(",", ":")).encode(), compresslevel=6)
+    # level 1: 0.5 us a metric row where 6 took 3.0, for 11% more bytes (21.7 against 19.5
+    # a row): the record thread's CPU is taken from the training process's cores
+    return gzip.compress(json.dumps(body, separators=(",", ":")).encode(), compresslevel=1)
 
 
 def encode_heartbeat(run_id: str, attempt: Attempt) -> bytes:
