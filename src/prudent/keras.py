@@ -82,6 +82,8 @@ class PrudentCallback(keras.callbacks.Callback):
         self._train_function: Any = None
         self._skipped = False
         self._smoke_steps: int | None = None  # under preflight: steps an epoch, two epochs
+        self._rollback: Any = None  # the monitor's rollback action (its batches to skip)
+        self._dropped = 0  # batches a rollback skipped so far (said once its skip is done)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -116,6 +118,7 @@ class PrudentCallback(keras.callbacks.Callback):
             optimizer.apply = self._before_apply  # gradients, before the optimizer steps
             self._view = _optimizer_view(optimizer, model)
         adapter.watch(model=model, optimizer=self._view)
+        self._rollback = adapter.rollback_skips()
         self._train_function = model.train_function
         model.train_function = self._train_or_skip
         if adapter.is_smoke:
@@ -188,6 +191,18 @@ class PrudentCallback(keras.callbacks.Callback):
         if self._smoke_steps is not None and self._batch >= self._smoke_steps:
             self._skipped = True  # preflight's smoke run: the rest of the epoch is passed over
             return {}
+        rollback = self._rollback
+        if rollback is not None and rollback.skip_left:
+            # a batch a rollback skips: Keras drew it, it is not trained (no step either, as
+            # run.batches skips it), and the epoch's position moves past it
+            rollback.skip_left -= 1
+            self._batch += 1
+            self.adapter.ctx.state.batches_in_epoch += 1
+            self._skipped = True
+            self._dropped += 1
+            if not rollback.skip_left:
+                self._say_dropped()
+            return {}
         self._skipped = False
         self.adapter.batch_loaded(data)
         return self._train_function(data)
@@ -252,7 +267,15 @@ class PrudentCallback(keras.callbacks.Callback):
         self.model.evaluate = _no_evaluation
 
     # the end --------------------------------------------------------------------------------
+    def _say_dropped(self) -> None:
+        step, self._dropped, batches = self.adapter.ctx.state.step, 0, self._dropped
+        self.adapter.batches_skipped(
+            batches, step, step, "were skipped: drawn by Keras, not trained",
+            self._rollback.skip_left if self._rollback is not None else 0)
+
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        if self._dropped:
+            self._say_dropped()
         self._unhook()
         self.adapter.finish()
 

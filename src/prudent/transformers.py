@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from prudent.adapters.core import AdapterRun
-from prudent.events import Event, EventKind
+from prudent.events import Event
 from prudent.stop import StopKind
 
 try:
@@ -154,7 +154,7 @@ class PrudentCallback(TrainerCallback):
         self._optimizer = getattr(optimizer, "optimizer", optimizer)
         self._scheduler = _torch_scheduler(lr_scheduler)
         self.adapter.watch(model=model, optimizer=self._optimizer, scheduler=self._scheduler)
-        self._rollback = _rollback_action(self.adapter.ctx)
+        self._rollback = self.adapter.rollback_skips()
         if model is not None and not self._hooks:
             self._hooks = [model.register_forward_pre_hook(self._forward_starts, with_kwargs=True),
                            model.register_forward_hook(self._forward_ends)]
@@ -251,15 +251,10 @@ class PrudentCallback(TrainerCallback):
     def _dropped(self, last_step: int) -> None:
         """A rollback's skip is done (or the run ends in it): say what was not trained."""
         (first, batches), self._dropping = self._dropping, None
-        left = self._rollback.skip_left if self._rollback is not None else 0
-        self.adapter.ctx.record_event(
-            EventKind.MONITOR, "skipped_update",
-            f"steps {first}-{last_step}: the {batches} batches after the rollback were drawn by "
-            "the Trainer (it draws its own data) and not trained: their gradients dropped, no "
-            "update made from them" + (f"; {left} more to skip when the run resumes"
-                                       if left else ""),
-            step=last_step, reason="rollback", rule="loss_spike", batches=batches,
-            first_step=first, last_step=last_step, left=left)
+        self.adapter.batches_skipped(
+            batches, first, last_step, "were drawn by the Trainer (it draws its own data) and "
+            "not trained: their gradients dropped, no update made from them",
+            self._rollback.skip_left if self._rollback is not None else 0)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         inner, ctx = self._optimizer, self.adapter.ctx
@@ -381,18 +376,6 @@ def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
             torch.save(obj.state_dict(), buffer)
             files[f"{LIVE}/{name}"] = buffer.getvalue()
     return files
-
-
-def _rollback_action(ctx: Any) -> Any:
-    """The monitor's rollback action, told that this loop skips batches (as ``run.batches``
-    tells it): after a rollback it counts ``skip_left`` batches, which the callback drops."""
-    for component in ctx.components:
-        actions = getattr(component, "actions", None)
-        rollback = actions.get("rollback") if isinstance(actions, dict) else None
-        if rollback is not None and hasattr(rollback, "skip_left"):
-            rollback.skips_batches = True
-            return rollback
-    return None
 
 
 def _no_update(optimizer: Any) -> None:

@@ -249,3 +249,51 @@ def test_the_components_read_the_learning_rate_keras_itself_changes(tmp_path: Pa
     rates.optimizers[0].param_groups[0]["lr"] = 0.005  # as reduce_lr writes it
     assert float(_numpy(model.optimizer.learning_rate)) == pytest.approx(0.005)
     assert rates.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.005)
+
+
+class _Rollback(Component):
+    """The monitor's own rollback action at ``step``, as loss_spike runs it; the weights and
+    the optimizer's variables of every step."""
+
+    name = "rollback_at"
+
+    def __init__(self, monitor, model, step: int) -> None:
+        self.monitor, self.model, self.step = monitor, model, step
+        self.message = ""
+        self.states: dict[int, list[np.ndarray]] = {}
+
+    def on_step_end(self, run, metrics) -> None:
+        from prudent.monitor.actions import Firing
+        from prudent.monitor.base import Finding
+
+        if run.state.step == self.step:
+            finding = Finding(self.step, 9.0, 2.0, "a spike", since=self.step - 1)
+            self.message = self.monitor.actions["rollback"].apply(
+                run, Firing("loss_spike", finding, self.step))
+        self.states[run.state.step] = [
+            _numpy(v).copy() for v in [*self.model.weights, *self.model.optimizer.variables]]
+
+
+def test_a_rollback_skips_its_batches_under_fit(tmp_path: Path) -> None:
+    from prudent.keras import PrudentCallback
+
+    settings = make_settings(tmp_path, console={"mode": "off"},
+                             checkpoint={"every": "5steps", "at_epoch_end": False},
+                             monitor={"actions": {"rollback": {"skip_batches": 3}}})
+    cb = PrudentCallback("skip", {}, exit_on_stop=False, settings=settings)
+    model = _model()
+    monitor = next(c for c in cb.adapter.ctx.components if type(c).__name__ == "Monitor")
+    probe = _Rollback(monitor, model, step=8)
+    cb.adapter.ctx.add_component(probe)
+    x = np.random.default_rng(0).normal(size=(96, 4)).astype("float32")
+    model.fit(x, x[:, :1], epochs=1, batch_size=8, verbose=0, callbacks=[cb])  # 12 batches
+
+    assert "back to step 5" in probe.message and "skipping the next 3 batches" in probe.message
+    # batches 9-11 are skipped: the 12th is trained as step 9, from step 5's weights
+    assert cb.run.context.state.step == 9 and max(probe.states) == 9
+    assert int(_numpy(model.optimizer.iterations)) == 5 + 1
+    skipped = [e for e in cb.adapter.ctx.store.events(cb.run.id)
+               if (e["kind"], e["name"]) == ("monitor", "skipped_update")]
+    assert [(e["payload"]["reason"], e["payload"]["batches"], e["step"]) for e in skipped] == [
+        ("rollback", 3, 8)]
+    assert cb.run.stop_reason is None

@@ -18,7 +18,7 @@ from typing import Any
 
 from prudent.adapters.files import FrameworkCheckpoint
 from prudent.errors import StopRun
-from prudent.events import Event
+from prudent.events import Event, EventKind
 from prudent.stop import StopKind, StopReason
 
 __all__ = ["AdapterRun"]
@@ -122,6 +122,31 @@ class AdapterRun:
         self._watched.update(id(v) for v in new.values())
         if new:
             self.ctx.emit(Event.ATTACH, new)
+
+    def rollback_skips(self) -> Any:
+        """The monitor's rollback action, told that this loop skips batches, as
+        ``run.batches`` tells it (its event then says so): after a rollback its ``skip_left``
+        counts the batches the callback must keep from training, each one taken off as it
+        passes. None: no monitor."""
+        for component in self.ctx.components:
+            actions = getattr(component, "actions", None)
+            rollback = actions.get("rollback") if isinstance(actions, dict) else None
+            if rollback is not None and hasattr(rollback, "skip_left"):
+                rollback.skips_batches = True
+                return rollback
+        return None
+
+    def batches_skipped(self, batches: int, first_step: int, last_step: int, how: str,
+                        left: int = 0) -> None:
+        """Say which batches after a rollback were not trained, and how (``how``)."""
+        steps = (f"step {first_step}" if first_step == last_step
+                 else f"steps {first_step}-{last_step}")
+        self.ctx.record_event(
+            EventKind.MONITOR, "skipped_update",
+            f"{steps}: the {batches} batches after the rollback {how}"
+            + (f"; {left} more to skip when the run resumes" if left else ""),
+            step=last_step, reason="rollback", rule="loss_spike", batches=batches,
+            first_step=first_step, last_step=last_step, left=left)
 
     def restore_rng(self) -> None:
         """A resumed run: the generators as they were at the checkpoint (once the framework
