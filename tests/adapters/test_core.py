@@ -48,6 +48,26 @@ def test_framework_checkpoint_keeps_carrying_the_restored_files_until_the_framew
     assert carried.state_dict() == state
 
 
+def test_carried_files_cost_their_own_size_in_a_checkpoint_and_come_back_whole(
+        tmp_path: Path) -> None:
+    # a framework's checkpoint is binary (zip, safetensors): carried as `bytes`, torch.save
+    # (pickle protocol 2, what weights_only loading reads) wrote it as a latin-1 string, 1.5x
+    import io
+    import os
+
+    data = os.urandom(200_000)
+    saving = FrameworkCheckpoint(tmp_path / "a")
+    saving.bind(lambda folder: None, in_memory=lambda: {"model.ckpt": data, "empty": b""})
+    buffer = io.BytesIO()
+    torch.save({"framework": saving.state_dict()}, buffer)
+    assert buffer.tell() < 1.05 * len(data), buffer.tell()
+    buffer.seek(0)
+    restored = FrameworkCheckpoint(tmp_path / "b")
+    restored.load_state_dict(torch.load(buffer, weights_only=True)["framework"])
+    assert restored.restored is not None and restored.restored.read_bytes() == data
+    assert (restored.restored.parent / "empty").read_bytes() == b""
+
+
 def test_framework_checkpoint_refuses_a_path_outside_its_folder(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="points outside"):
         FrameworkCheckpoint(tmp_path).load_state_dict(

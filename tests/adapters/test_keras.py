@@ -108,7 +108,7 @@ def _backup(cb, folder: Path) -> Path:
     carried = next(v for v in _walk(checkpoint.payload) if "entry" in v)
     for name, data in carried["files"].items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_bytes(data)
+        (folder / name).write_bytes(data if isinstance(data, bytes) else data.numpy().tobytes())
     return folder / carried["entry"]
 
 
