@@ -87,6 +87,9 @@ class PrudentCallback(_pl.Callback):
         self._automatic = True  # the module's automatic_optimization
         self._planned_epochs: int | None = None  # max_epochs as the script asked for it
         self._planned_max_steps = -1  # max_steps as the script asked for it
+        self._rollback: Any = None  # the monitor's rollback action (its batches to skip)
+        self._drop = False  # the batch in progress is one a rollback skips: not trained
+        self._dropping: list[int] | None = None  # a rollback's skip: [first step, batches]
         self._ctrl_c = _CtrlC()
         _LATEST["run"] = self.adapter
 
@@ -152,6 +155,7 @@ class PrudentCallback(_pl.Callback):
         # accumulate_grad_batches count): Lightning's own estimate, or in a smoke run (whose
         # limits are shortened) the same worked out from what the script asked for
         self.adapter.ctx.state.num_steps = self._plan(trainer)
+        self._rollback = self.adapter.rollback_skips()
         loaders = trainer.train_dataloader
         for loader in loaders.values() if isinstance(loaders, dict) else (
                 loaders if isinstance(loaders, (list, tuple)) else [loaders]):
@@ -179,6 +183,15 @@ class PrudentCallback(_pl.Callback):
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
+        rollback = self._rollback
+        if rollback is not None and rollback.skip_left:
+            # a batch a rollback skips: Lightning draws and trains its own, so its gradients
+            # are dropped (and an optimizer step made of such batches alone changes nothing)
+            rollback.skip_left -= 1
+            self._drop = True
+            if self._dropping is None:
+                self._dropping = [self.adapter.ctx.state.step + 1, 0]
+            self._dropping[1] += 1
         self.adapter.batch_loaded(batch)
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
@@ -194,6 +207,10 @@ class PrudentCallback(_pl.Callback):
             # autograd graph goes when Lightning lets go of it (freed hot, in Lightning's step,
             # as without prudent; not a step later in a component that still held the loss)
             self._loss = loss = loss.detach()
+        if self._drop:  # every batch of this step is one a rollback skips (one starts at a step)
+            self._loss = None
+            _drop_update(trainer, optimizer)
+            return
         before = vars(optimizer).get("step")
         self.adapter.after_backward(loss)
         if vars(optimizer).get("step") is not before:
@@ -202,17 +219,30 @@ class PrudentCallback(_pl.Callback):
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if not self._stepped:  # a micro-batch: no optimizer step yet
+            if self._drop:
+                self._drop = False
+                pl_module.zero_grad(set_to_none=True)
             self.adapter.batch_end()
             return
-        self._stepped = False
+        self._stepped = self._drop = False
         # Automatic optimization: the step's loss is the very tensor the gradient hooks got
         # (the value Lightning returns in outputs["loss"]): its number is read once for every
         # component (RunContext.host_scalar), and outputs is not looked into.
         loss = self._loss if self._automatic else _returned_loss(outputs)
         self._loss = None
         stop = self.adapter.step_done({"loss": loss} if loss is not None else {})
+        if self._dropping is not None and not self._rollback.skip_left:
+            self._dropped()
         if stop is not None:
             self._stop_if(trainer, stop)
+
+    def _dropped(self) -> None:
+        """A rollback's skip is done (or the fit ends in it): say what was not trained."""
+        (first, batches), self._dropping = self._dropping, None
+        self.adapter.batches_skipped(
+            batches, first, max(first, self.adapter.ctx.state.step), "were drawn by Lightning "
+            "(it draws its own data) and not trained: their gradients dropped, no update made "
+            "from them", self._rollback.skip_left if self._rollback is not None else 0)
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.sanity_checking or self.adapter.stop is not None:
@@ -235,6 +265,8 @@ class PrudentCallback(_pl.Callback):
 
     # the end --------------------------------------------------------------------------------
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._dropping is not None:
+            self._dropped()
         self._ctrl_c.uninstall()
         self.adapter.framework_checkpoint.bind(None)
         self.adapter.finish()
@@ -385,6 +417,26 @@ def _skip_update_under_way(trainer: Any, optimizer: Any) -> None:
         for param in group["params"]:
             param.grad = None
     optimizer.step()  # the no-op: it puts back what was there
+
+
+def _drop_update(trainer: Any, optimizer: Any) -> None:
+    """No update from this step's gradients: inside ``optimizer.step(closure)`` (no
+    GradScaler) they go; with a GradScaler, whose ``scaler.step`` calls ``step()`` after this
+    hook and needs the gradients it unscaled, the next ``step()`` is a no-op instead."""
+    if getattr(trainer.precision_plugin, "scaler", None) is None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.grad = None
+        return
+    previous = vars(optimizer).get("step")
+
+    def dropped(*args: Any, **kwargs: Any) -> None:
+        if previous is None:
+            vars(optimizer).pop("step", None)
+        else:
+            optimizer.step = previous
+
+    optimizer.step = dropped
 
 
 def _length(loader: Any) -> int | None:

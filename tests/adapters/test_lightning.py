@@ -215,3 +215,54 @@ def test_loss_spikes_skip_leaves_the_outliers_update_out_not_the_next_ones(
         assert torch.equal(value, at[key]), key
     assert not torch.equal(at["net.0.weight"], after["net.0.weight"])  # the next one updates
     assert trainer.global_step == 44 and cb.run.stop_reason is None
+
+
+class _RollbackThenWeights(_Weights):
+    """The monitor's own rollback action at ``step`` (as loss_spike runs it), then the weights
+    and momentum of every step."""
+
+    def __init__(self, module: _Tiny, monitor: Any, step: int) -> None:
+        super().__init__(module)
+        self.monitor, self.step = monitor, step
+        self.message = ""
+
+    def on_step_end(self, run: Any, metrics: dict[str, Any]) -> None:
+        from prudent.monitor.actions import Firing
+        from prudent.monitor.base import Finding
+
+        if run.state.step == self.step:
+            finding = Finding(self.step, 9.0, 2.0, "a spike", since=self.step - 1)
+            self.message = self.monitor.actions["rollback"].apply(
+                run, Firing("loss_spike", finding, self.step))
+        super().on_step_end(run, metrics)
+
+
+@pytest.mark.parametrize(("accumulate", "untouched"), [(1, 3), (2, 1)])
+def test_a_rollback_trains_none_of_the_batches_it_skips(
+        tmp_path: Path, accumulate: int, untouched: int) -> None:
+    from prudent.lightning import PrudentCallback
+
+    settings = make_settings(tmp_path, checkpoint={"every": "5steps", "at_epoch_end": False},
+                             monitor={"actions": {"rollback": {"skip_batches": 3}}})
+    cb = PrudentCallback("skip", {}, exit_on_stop=False, settings=settings)
+    monitor = next(c for c in cb.adapter.ctx.components if type(c).__name__ == "Monitor")
+    module = _Tiny()
+    probe = _RollbackThenWeights(module, monitor, step=8)
+    cb.adapter.ctx.add_component(probe)
+    trainer = L.Trainer(max_steps=14, accumulate_grad_batches=accumulate, callbacks=[cb],
+                        accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module, tiny_loader(num_samples=512, batch_size=8))
+
+    assert "back to step 5" in probe.message and "skipping the next 3 batches" in probe.message
+    for step in range(9, 9 + untouched):  # weights and momentum as rolled back
+        for key, value in probe.at[8].items():
+            assert torch.equal(value, probe.at[step][key]), (step, key)
+    assert not torch.equal(probe.at[8 + untouched]["net.0.weight"],
+                           probe.at[9 + untouched]["net.0.weight"])
+    skipped = [e for e in cb.adapter.ctx.store.events(cb.run.id)
+               if (e["kind"], e["name"]) == ("monitor", "skipped_update")]
+    assert [(e["payload"]["reason"], e["payload"]["batches"], e["payload"]["first_step"],
+             e["payload"]["last_step"]) for e in skipped] == [
+        ("rollback", 3, 9, 8 + -(-3 // accumulate))]
+    assert trainer.global_step == 14 and cb.run.stop_reason is None
