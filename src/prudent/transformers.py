@@ -99,6 +99,7 @@ class PrudentCallback(TrainerCallback):
         self._planned_epochs: int | None = None
         self._rollback: Any = None  # the monitor's rollback action (its batches to skip)
         self._dropping: list[int] | None = None  # a rollback's skip: [first step, batches]
+        self._tqdm_monitors: set[Any] = set()  # tqdm's monitor threads before train() began
 
     @property
     def config(self) -> dict[str, Any]:
@@ -137,6 +138,7 @@ class PrudentCallback(TrainerCallback):
                        train_dataloader: Any = None, **kwargs: Any) -> None:
         run_state = self.adapter.ctx.state
         run_state.step = state.global_step  # where the Trainer resumed
+        self._tqdm_monitors = set(_tqdm_monitors())
         # the planned length the rules are sized to: the Trainer's own count of optimizer steps
         # (max_steps, or the epochs x ceil(batches / accumulation)); a smoke run's is its own
         # shortened one, so the plan is worked out from what the script asked for
@@ -322,6 +324,7 @@ class PrudentCallback(TrainerCallback):
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+        _end_tqdm_monitors(self._tqdm_monitors)
         self.adapter.framework_checkpoint.bind(None)
         self.adapter.finish()
 
@@ -346,6 +349,36 @@ def _plan(args: Any, max_steps: int, loader: Any) -> tuple[int | None, int | Non
     if per_epoch is None:
         return None, None
     return math.ceil(args.num_train_epochs * per_epoch), math.ceil(args.num_train_epochs)
+
+
+def _tqdm_monitors() -> dict[Any, Any]:
+    """tqdm's monitor threads now, each with the tqdm class that holds it."""
+    std = sys.modules.get("tqdm.std")
+    if std is None:
+        return {}
+    found, classes = {}, [std.tqdm]
+    while classes:
+        cls = classes.pop()
+        classes.extend(cls.__subclasses__())
+        monitor = vars(cls).get("monitor")
+        if monitor is not None:
+            found[monitor] = cls
+    return found
+
+
+def _end_tqdm_monitors(before: set[Any]) -> None:
+    """End the monitor threads tqdm started while ``train()`` ran, once no bar is open. The
+    Trainer's checkpoints start one (``save_pretrained``'s "Writing model shards" bar, even
+    with ``disable_tqdm``), and tqdm (4.70) ends it only with the process: a daemon thread
+    left behind after training, waking every 10 s. tqdm starts a new one with its next bar."""
+    for monitor, cls in _tqdm_monitors().items():
+        if monitor in before:
+            continue
+        with cls.get_lock():
+            if cls._instances or vars(cls).get("monitor") is not monitor:
+                continue
+            cls.monitor = None
+        monitor.exit()
 
 
 def _torch_scheduler(scheduler: Any) -> Any:

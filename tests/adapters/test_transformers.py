@@ -316,11 +316,7 @@ def test_a_restored_checkpoint_holding_a_trainer_folder_is_loaded_from_the_train
     cb.adapter.ctx.add_component(probe)
     trainer = probe.trainer = _trainer(tmp_path, _model(), [cb], max_steps=6,
                                        save_strategy="steps", save_steps=3)
-    transformers.utils.logging.disable_progress_bar()  # its tqdm would leave a thread behind
-    try:
-        trainer.train()
-    finally:
-        transformers.utils.logging.enable_progress_bar()
+    trainer.train()  # (its checkpoints' tqdm bar leaves no thread behind: the callback ends it)
 
     _assert_equal(probe.states[3], probe.states[5])
     assert trainer.state.global_step == 6
@@ -412,3 +408,22 @@ def test_a_rollback_trains_none_of_the_batches_it_skips(
     # skipped updates, and no no-op is left on the torch optimizer
     assert getattr(trainer.optimizer.step, "_wrapped_by_lr_sched", False)
     assert "step" not in vars(trainer.optimizer.optimizer)
+
+
+def test_the_trainers_checkpoints_leave_no_tqdm_thread_behind(tmp_path: Path) -> None:
+    # save_pretrained's "Writing model shards" bar starts tqdm's monitor thread (disable_tqdm
+    # or not), which tqdm ends only with the process
+    import threading
+
+    from prudent.testing import make_settings
+    from prudent.transformers import PrudentCallback
+
+    if any(t.name == "tqdm_monitor" for t in threading.enumerate()):
+        pytest.skip("tqdm's monitor thread runs already in this process")
+    cb = PrudentCallback("tqdm", {}, exit_on_stop=False, settings=make_settings(tmp_path))
+    trainer = _trainer(tmp_path, _model(), [cb], max_steps=4, save_strategy="steps",
+                       save_steps=2)
+    trainer.train()
+
+    assert (tmp_path / "out" / "checkpoint-4").is_dir()
+    assert [t.name for t in threading.enumerate() if t.name == "tqdm_monitor"] == []
