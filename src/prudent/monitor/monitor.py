@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["Monitor", "build_rules"]
 
 STACKS_FILE = "stalled-stacks.txt"
+_SAMPLED = frozenset({"layers", "activations"})
 _WAKE_SIGNAL = getattr(signal, "SIGUSR2", None)
 
 
@@ -82,6 +83,9 @@ class Monitor(Component):
         self.best_checkpoint: str | None = None  # early stopping's best evaluation
         spike = self.rules.get("loss_spike")
         self._skipper = spike if spike is not None and "skip" in spike.settings.action else None
+        self._verdict_due: int | None = None  # a check a rule asked for (see _ask_verdicts)
+        self._sample_every: int | None = None  # the interval a sooner sample replaced
+        self._last_sample: int | None = None
         self._prune_early_stopping_in_trials()
 
     def _prune_early_stopping_in_trials(self) -> None:
@@ -152,6 +156,8 @@ class Monitor(Component):
             started = time.perf_counter()
             self.check(run)
             stats.check_took(time.perf_counter() - started)
+            if self._verdict_due is not None:
+                self._check_at(step)
         if self._skipper is None or self._judged_step == step:
             # gradients are measured on some steps only: on the others after_backward is not
             # called (when each step's loss is judged after backward, as in an adapter's loop,
@@ -255,16 +261,78 @@ class Monitor(Component):
         if planned is not None and planned != self._fitted_for and self.settings.size_to_run:
             self._fit(run, planned)
         window.planned_steps, window.step_s = planned, self.stats.last_step_s
-        window.sample_every = self.stats.sample_every
+        # the interval layers are sampled at, not a sooner sample a rule asked for
+        window.sample_every = self._sample_every or self.stats.sample_every
         self._count_train_loss(window)
         if logged is not None:
             window.evals.append(EvalSample(run.state.step, dict(logged), self._mean_train_loss()))
         firings = [Firing(name, finding, run.state.step)
                    for name, finding in self._findings(run, window)]
         self._keep_best(run)
-        for firing in sorted(firings, key=lambda f: f.finding.step):
+        rollback = self.actions.get("rollback")
+        done = rollback.count if isinstance(rollback, RollbackAction) else 0
+        for firing in sorted(firings, key=_began):
+            if isinstance(rollback, RollbackAction) and rollback.count > done:
+                # the rollback took these steps back: the other findings judged losses of
+                # weights that are gone (a corrupted shard's spike also climbs for a while)
+                break
             self.fire(run, firing)
+        if isinstance(rollback, RollbackAction) and rollback.count > done:
+            self._rolled_back()
+        self._ask_verdicts(run, window)
         return firings
+
+    def _rolled_back(self) -> None:
+        """Rules that smooth the loss forget the steps a rollback took back."""
+        for rule in self.rules.values():
+            forget = getattr(rule, "rolled_back", None)
+            if forget is not None:
+                forget()
+
+    def _ask_verdicts(self, run: RunContext, window: Window) -> None:
+        """The soonest step at which a rule says it may reach a verdict (``verdict_due``: a
+        block of losses that closes, a sample that would complete a streak), so that check
+        comes then instead of up to a check interval later (on a 3,000-step run checks space
+        ~60 steps apart, a fifth of loss_not_decreasing's whole verdict); a rule that judges
+        layer samples gets its next sample then too. Costs nothing on a healthy run's steps:
+        asked at checks, and only a streak begun asks for anything."""
+        step = run.state.step
+        due = sample_due = None
+        for rule in self.rules.values():
+            asked = getattr(rule, "verdict_due", None)
+            at = asked(step) if asked is not None else None
+            if at is None or at <= step:
+                continue
+            due = at if due is None else min(due, at)
+            if rule.needs & _SAMPLED:
+                sample_due = at if sample_due is None else min(sample_due, at)
+        self._verdict_due = due
+        if due is not None:
+            self._check_at(step)
+        self._sample_at(run, window, sample_due)
+
+    def _sample_at(self, run: RunContext, window: Window, due: int | None) -> None:
+        """Layers sampled at ``due`` (a sooner sample, once), or back on their interval."""
+        stats, planned = self.stats, self._fitted_for
+        if window.layers:
+            self._last_sample = window.layers[-1].step
+        if planned is None:
+            return
+        if (due is not None and self._last_sample is not None and due > self._last_sample
+                and due > run.state.step + 1):  # activation hooks are armed the step before
+            if self._sample_every is None:
+                self._sample_every = stats.sample_every
+            stats.fit(planned, due - self._last_sample, step=run.state.step)
+        elif due is None and self._sample_every is not None:
+            stats.fit(planned, self._sample_every, step=run.state.step)
+            self._sample_every = None
+
+    def _check_at(self, step: int) -> None:
+        """Bring the next check forward to the step a rule asked for (the check interval is
+        set again by the check that follows, so only that one check moves)."""
+        stats, due = self.stats, self._verdict_due
+        if due is not None and due > step:
+            stats.check_every = min(stats.check_every, due - step)
 
     def _fit(self, run: RunContext, planned: int) -> None:
         """Size the rules (and the sampling) to a run of ``planned`` steps."""
@@ -456,6 +524,12 @@ def _planned_steps(run: RunContext) -> int | None:
     if state.num_epochs and state.batches_per_epoch:
         return state.num_epochs * state.batches_per_epoch
     return None
+
+
+def _began(firing: Firing) -> int:
+    """The step a finding's condition began (a spike's first step), for the firing order."""
+    finding = firing.finding
+    return finding.since if finding.since is not None else finding.step
 
 
 def _put_back(optimizer: Any, previous: Any) -> None:

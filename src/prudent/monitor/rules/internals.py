@@ -19,7 +19,25 @@ from prudent.monitor.base import (
     warmup_default,
 )
 
-__all__ = ["DeadActivationsRule", "UpdateRatioRule"]
+__all__ = ["DeadActivationsRule", "UpdateRatioRule", "confirm_at", "confirm_gap"]
+
+
+ZERO_LR_GAP = 5  # steps between two reads of a zero learning rate: a later step's read is
+# what excludes a schedule touching 0 once; more steps add nothing
+
+
+def confirm_gap(window: Window) -> int:
+    """Steps from a sample (or check) that starts a streak to the one asked for to confirm it:
+    a quarter of the sampling interval (5 steps of 20). Another batch, another update, a few
+    steps on: what rules out one odd batch, without waiting the whole interval (on a short run
+    two samples 20 steps apart took 40 steps, an eighth of it)."""
+    return max(1, (window.sample_every or 20) // 4)
+
+
+def confirm_at(step: int, window: Window, lead: int = 1) -> int:
+    """The step of the sample that confirms one taken at ``step``: ``confirm_gap`` later, and
+    at least ``lead`` steps after the steps this window holds (the sample is still to come)."""
+    return max(step + confirm_gap(window), window.steps[-1] + lead if window.steps else 0)
 
 
 class UpdateRatioSettings(RuleSettings):
@@ -61,6 +79,7 @@ class UpdateRatioRule(Rule):
         self.zero_since: int | None = None
         self.last_lr: float | None = None  # the learning rate read at the previous check
         self._patience = self.settings.patience  # sized to the run at each check
+        self._due: int | None = None  # the step a confirming sample or check is wanted at
 
     def fit(self, planned_steps: int) -> str | None:
         # a fortieth (on a short run the first layer sample, 20 steps in, is judged): the
@@ -78,11 +97,22 @@ class UpdateRatioRule(Rule):
         if zeroed:
             paused = False  # a learning rate of 0 well before the end is no schedule's tail
         finding = self._zero_for_good(window, zeroed)
+        self._due = None
+        if self.zero_checks and window.steps:  # confirm a zero read soon, not a check later
+            self._due = window.steps[-1] + min(ZERO_LR_GAP, confirm_gap(window))
         if finding is not None or not window.layers:
             return finding
         self._patience = self.samples_patience(window)
-        return self.first_finding(window.layers,
-                                  lambda sample: self._judge(sample, paused, zeroed))
+        finding = self.first_finding(window.layers,
+                                     lambda sample: self._judge(sample, paused, zeroed))
+        if finding is None and (self.low or self.high):
+            self._due = confirm_at(window.layers[-1].step, window)
+        return finding
+
+    def verdict_due(self, step: int) -> int | None:
+        """A streak begun (a small or large update, a zero learning rate): the next sample or
+        check that can confirm it, soon rather than a whole interval later."""
+        return self._due
 
     def _lr_rising(self, window: Window) -> bool:
         """The learning rate rose since the previous check: a warm-up, whose first updates are
@@ -177,10 +207,25 @@ class DeadActivationsRule(Rule):
         super().__init__(settings)
         self.count = 0
         self._patience = self.settings.patience  # sized to the run at each check
+        self._due: int | None = None
 
     def check(self, window: Window) -> Finding | None:
         self._patience = self.samples_patience(window)
-        return self.first_finding(window.activations, self._judge)
+        finding = self.first_finding(window.activations, self._judge)
+        if window.activations:
+            # hooks are armed the step before a sample: at least two steps on
+            self._due = (confirm_at(window.activations[-1].step, window, lead=2)
+                         if finding is None and self.count else None)
+        return finding
+
+    def verdict_due(self, step: int) -> int | None:
+        """Dead units seen: the next sample, soon, confirms them (see :func:`confirm_gap`);
+        once it is taken, the check right after, which has it (an activation sample reaches
+        the rules one check after its step)."""
+        due = self._due
+        if due is None or due > step:
+            return due
+        return step + 1 if step <= due + 1 else None
 
     def _judge(self, sample: ActivationSample) -> Finding | None:
         fractions = {k: v for k, v in sample.inactive.items() if finite(v)}

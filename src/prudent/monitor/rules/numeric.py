@@ -21,6 +21,7 @@ from prudent.monitor.base import (
     fmt,
     warmup_default,
 )
+from prudent.monitor.rules.internals import confirm_at
 
 __all__ = ["ExplodingGradientRule", "NonFiniteRule", "VanishingGradientRule"]
 
@@ -212,12 +213,21 @@ class VanishingGradientRule(Rule):
         super().__init__(settings)
         self.count = 0
         self.first_loss: float | None = None  # median of the first window's finite losses
+        self._due: int | None = None
 
     def check(self, window: Window) -> Finding | None:
         if self._converged(window):
             self.count = 0
             return None
-        return self.first_finding(window.layers, self._judge)
+        finding = self.first_finding(window.layers, self._judge)
+        if window.layers:
+            self._due = (confirm_at(window.layers[-1].step, window)
+                         if finding is None and self.count else None)
+        return finding
+
+    def verdict_due(self, step: int) -> int | None:
+        """A starved layer seen: the next samples, soon, confirm it (``confirm_gap``)."""
+        return self._due
 
     def _converged(self, window: Window) -> bool:
         losses = sorted(v for _, v in window.finite_losses())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 from collections import deque
 from typing import Literal
@@ -52,34 +53,38 @@ class LossNotDecreasingRule(Rule):
     Settings = LossNotDecreasingSettings
     settings: LossNotDecreasingSettings
     state_fields = ("block_sum", "block_count", "best", "best_step", "waited", "first",
-                    "first_values")
+                    "first_values", "block_sq", "previous", "block", "seen")
 
     def __init__(self, settings: LossNotDecreasingSettings | None = None) -> None:
         super().__init__(settings)
         self.block_sum = 0.0
         self.block_count = 0
+        self.block_sq = 0.0  # squared step-to-step differences in the block: its noise
+        self.previous: float | None = None  # the block's last loss
+        self.block: int | None = None  # the block length once noise made it longer
         self.best: float | None = None
         self.best_step = 0
         self.waited = 0
         self.first: float | None = None  # the median loss of the first block: where it started
         self.first_values: list[float] = []
+        self.seen = 0  # the last step judged
 
     def fit(self, planned_steps: int) -> str | None:
         # a short warm-up: the blocks are means (an initial drop only makes the first block
         # the one to beat) and the patience below is what guards a saddle, not the warm-up
         warmup = min(100, planned_steps // 200)
         room = planned_steps // 10 - warmup  # a verdict within about a tenth of the run
-        # the verdict early in the run, but blocks of at least 100 steps: the mean of
-        # fewer mini-batch losses is too noisy to compare at 1% (and a plateau is no verdict)
-        window = max(100, min(200, room // 6))
-        # 5 blocks of patience where they fit, fewer on a shorter run but never below 3: then
-        # the loss must stay flat for 300 steps after its best block, longer than the saddle a
-        # healthy net starting near zero sits in (~250 steps, healthy_plateau on 3 seeds). A
-        # converged plateau is not judged at all (max_progress)
+        # the verdict early in the run, with blocks of at least MIN_BLOCK steps; a block whose
+        # mean is too noisy to compare at min_improvement grows (see _close_block)
+        window = max(MIN_BLOCK, min(200, room // 6))
         given = getattr(self, "_given", None) or self.settings
         block = given.window if "window" in given.model_fields_set else window
+        # 5 blocks of patience where they fit, fewer on a shorter run, but the loss must stay
+        # flat for FLAT_STEPS after its best block whatever the blocks' length: longer than
+        # the saddle a healthy net starting near zero sits in (healthy_plateau escapes it at
+        # 265-365 steps on 3 seeds). A converged plateau is not judged at all (max_progress)
         self.sized(planned_steps, warmup_steps=warmup, window=window,
-                   patience=max(3, min(5, room // block - 1)))
+                   patience=max(-(-FLAT_STEPS // block), min(5, room // block - 1)))
         s = self.settings
         needed = s.warmup_steps + (s.patience + 1) * s.window
         if needed > planned_steps:
@@ -88,6 +93,17 @@ class LossNotDecreasingRule(Rule):
                     f"run plans {planned_steps}")
         return None
 
+    @property
+    def window(self) -> int:
+        """Steps per block: the setting, or longer where the loss is noisier (``_close_block``)."""
+        return self.block or self.settings.window
+
+    @property
+    def patience(self) -> int:
+        """Blocks of patience: as many of a grown block as span the blocks set."""
+        s = self.settings
+        return -(-s.patience * s.window // self.window)
+
     def check(self, window: Window) -> Finding | None:
         tail = window.in_schedule_tail(self.settings.min_lr_fraction)
         losses = window.finite_losses()
@@ -95,39 +111,68 @@ class LossNotDecreasingRule(Rule):
         start = 0
         if losses and losses[0][0] <= warmup:
             start = next((i for i, (step, _) in enumerate(losses) if step > warmup), len(losses))
+        if losses:
+            self.seen = losses[-1][0]
         while start < len(losses):  # a block's worth at a time: sums at C speed
-            chunk = losses[start:start + self.settings.window - self.block_count]
+            chunk = losses[start:start + self.window - self.block_count]
+            values = list(map(_second, chunk))
             if self.first is None:
-                self.first_values.extend(map(_second, chunk))
-            self.block_sum = sum(map(_second, chunk), self.block_sum)
+                self.first_values.extend(values)
+            self.block_sum = sum(values, self.block_sum)
+            self.block_sq = sum(map(_squared_step, values, [self.previous, *values]),
+                                self.block_sq)
+            self.previous = values[-1]
             self.block_count += len(chunk)
             start += len(chunk)
-            if self.block_count == self.settings.window:
+            if self.block_count == self.window:
                 finding = self._close_block(chunk[-1][0], tail)
                 if finding is not None:
                     self.reset()
                     return finding
         return None
 
+    def verdict_due(self, step: int) -> int | None:
+        """The step the current block closes, when that block may be the verdict."""
+        if self.best is None or self.waited + 1 < self.patience or self._converged():
+            return None
+        return self.seen + self.window - self.block_count
+
+    def _noisy(self, mean: float) -> bool:
+        """The block's mean is too noisy to compare at min_improvement: its standard error
+        (from step-to-step differences, which a trend does not inflate) is above a quarter
+        of it. A mean of 50 losses of a net at chance is within 0.1%; a learning net's
+        mini-batches make it 1-5%, which a block of 200 brings down by 2x."""
+        count = self.block_count
+        given = getattr(self, "_given", None) or self.settings
+        if count < 3 or self.window >= MAX_BLOCK or "window" in given.model_fields_set:
+            return False  # a window you set is kept
+        noise = math.sqrt(self.block_sq / (2 * (count - 1)) / count)
+        return noise > self.settings.min_improvement * abs(mean) / 4
+
     def _close_block(self, step: int, tail: bool) -> Finding | None:
         s = self.settings
         mean = self.block_sum / self.block_count
-        self.block_sum, self.block_count = 0.0, 0
+        noisy = self._noisy(mean)
+        self.block_sum, self.block_count, self.block_sq, self.previous = 0.0, 0, 0.0, None
         if self.first is None:  # the median: a few exploding steps do not make a start
             ordered = sorted(self.first_values)
             self.first, self.first_values = ordered[len(ordered) // 2], []
+        if noisy:  # longer blocks, and the best is judged again from them
+            self.block = min(MAX_BLOCK, 2 * self.window)
+            self.best, self.waited = None, 0
+            return None
         if (self.best is None or mean < self.best - s.min_improvement * abs(self.best)
                 or mean > self.best + s.new_level * abs(self.best)):
             self.best, self.best_step, self.waited = mean, step, 0
             return None
         self.waited = 0 if tail else self.waited + 1
-        if self.waited < s.patience or self._converged():
+        if self.waited < self.patience or self._converged():
             return None
         target = self.best - s.min_improvement * abs(self.best)
         return Finding(step, mean, target, (
-            f"loss has not improved by {s.min_improvement:.0%} for {self.waited * s.window} "
-            f"steps: its mean over the {s.window} steps to step {step} is {fmt(mean)}, the best "
-            f"such mean {fmt(self.best)} (to step {self.best_step}); it started at "
+            f"loss has not improved by {s.min_improvement:.0%} for {self.waited * self.window} "
+            f"steps: its mean over the {self.window} steps to step {step} is {fmt(mean)}, the "
+            f"best such mean {fmt(self.best)} (to step {self.best_step}); it started at "
             f"{fmt(self.first)}"))
 
     def _converged(self) -> bool:
@@ -151,6 +196,12 @@ class DivergenceSettings(RuleSettings):
                             "judged on noise; 0.5: the interquartile mean of 50 steps 1.5x its "
                             "best is no mini-batch noise, and 1.0 waited for the loss to double "
                             "while it had long given back half its progress).")
+    lr_climb: float = Field(1.5, gt=1, description="While the learning rate is above this "
+                            "multiple of the largest it had reached by the loss's best step, "
+                            "half the rise is enough (progress_lost and min_rise halved): a "
+                            "loss that climbs while the rate grows past any the run learned "
+                            "at is the end of an LR range test, not noise (a warm restart "
+                            "returns to an earlier peak, not beyond it).")
 
 
 class DivergenceRule(Rule):
@@ -161,7 +212,7 @@ class DivergenceRule(Rule):
     needs = frozenset({"steps"})
     Settings = DivergenceSettings
     settings: DivergenceSettings
-    state_fields = ("recent", "start", "best", "best_step")
+    state_fields = ("recent", "start", "best", "best_step", "lr_peak", "lr_at_best")
 
     def __init__(self, settings: DivergenceSettings | None = None) -> None:
         super().__init__(settings)
@@ -169,6 +220,11 @@ class DivergenceRule(Rule):
         self.start: float | None = None
         self.best: float | None = None
         self.best_step = 0
+        self.lr_peak: float | None = None  # the largest learning rate read so far
+        self.lr_at_best: float | None = None  # ... by the step of the best smoothed loss
+        self._climbing = False  # the learning rate is lr_climb x lr_at_best or more, now
+        self._allowed: float | None = None  # the rise the last judged window was allowed
+        self._smoothed = 0.0
 
     def fit(self, planned_steps: int) -> str | None:
         self.sized(planned_steps, warmup_steps=min(100, planned_steps // 20))
@@ -180,33 +236,81 @@ class DivergenceRule(Rule):
             return None
         self.recent.extend(map(_second, finite_losses))
         last = finite_losses[-1][0]
+        lr = window.max_lr if window.max_lr is not None else window.lr
+        if finite(lr):
+            self.lr_peak = lr if self.lr_peak is None else max(self.lr_peak, lr)  # type: ignore[type-var]
+        self._climbing = (finite(lr) and self.lr_at_best is not None and self.lr_at_best > 0
+                          and lr >= self.settings.lr_climb * self.lr_at_best)  # type: ignore[operator]
         if len(self.recent) < self.settings.window:
             return None
-        finding = self._judge(last, _interquartile_mean(self.recent))
+        finding = self._judge(last, _interquartile_mean(self.recent)) or self._rising(last)
         if finding is not None:
             self.reset()
         return finding
+
+    def rolled_back(self) -> None:
+        """A rollback put the weights back to before a spike: the window's losses were
+        theirs (the start and the best stay)."""
+        self.recent.clear()
+
+    def _rising(self, step: int) -> Finding | None:
+        """The faster confirmation: the newer half of the window is above the threshold and
+        the whole window already half-way there (the loss climbs: a window's worth of steps
+        rising, not a spike in its newest steps, which the whole window would not follow).
+        The interquartile mean of 50 steps lags a steady climb by ~25 steps."""
+        if self._allowed is None or not self.active_at(step):
+            return None
+        best, allowed, smoothed = self.best, self._allowed, self._smoothed
+        newer = _interquartile_mean(list(self.recent)[len(self.recent) // 2:])
+        if newer <= best + allowed or smoothed <= best + allowed / 2:  # type: ignore[operator]
+            return None
+        return Finding(step, newer, best + allowed, (  # type: ignore[operator]
+            f"loss diverged: {fmt(newer)} at step {step} (mean of the middle half of the last "
+            f"{len(self.recent) - len(self.recent) // 2} steps; of the last {len(self.recent)}: "
+            f"{fmt(smoothed)}), up from its best {fmt(best)} at step {self.best_step}; it "
+            f"started at {fmt(self.start)} (threshold {fmt(best + allowed)}"  # type: ignore[operator]
+            f"{self._lr_note()})"))
 
     def _judge(self, step: int, smoothed: float) -> Finding | None:
         # the start and the best count from the first steps; only firing waits for warm-up
         if self.start is None or self.best is None:
             self.start = self.best = smoothed
             self.best_step = step
-        if smoothed < self.best:
-            self.best, self.best_step = smoothed, step
+        if smoothed < self.best or self.lr_at_best is None:
+            if smoothed < self.best:
+                self.best, self.best_step = smoothed, step
+            self.lr_at_best = self.lr_peak
+        self._allowed = None
         if not self.active_at(step):
             return None
         s = self.settings
         allowed = max(s.progress_lost * (self.start - self.best), s.min_rise * abs(self.best))
+        if self._climbing:
+            allowed /= 2
+        self._allowed, self._smoothed = allowed, smoothed
         if smoothed <= self.best + allowed:
             return None
         return Finding(step, smoothed, self.best + allowed, (
             f"loss diverged: {fmt(smoothed)} at step {step} (mean of the middle half of the last "
             f"{s.window} steps), up from its best {fmt(self.best)} at step {self.best_step}; it "
-            f"started at {fmt(self.start)} (threshold {fmt(self.best + allowed)})"))
+            f"started at {fmt(self.start)} (threshold {fmt(self.best + allowed)}"
+            f"{self._lr_note()})"))
+
+    def _lr_note(self) -> str:
+        if not self._climbing:
+            return ""
+        return (f", half the rise: the learning rate is {self.settings.lr_climb:g}x or more the "
+                f"{fmt(self.lr_at_best)} it had reached by then")
 
 
 _second = operator.itemgetter(1)
+MIN_BLOCK = 50  # steps: the shortest block of losses averaged (grown where noise needs it)
+MAX_BLOCK = 200
+FLAT_STEPS = 300  # a loss flat for this long after its best block is stuck, not in a saddle
+
+
+def _squared_step(value: float, before: float | None) -> float:
+    return 0.0 if before is None else (value - before) ** 2
 
 
 def _watched(metrics: dict[str, float]) -> str | None:
@@ -216,7 +320,7 @@ def _watched(metrics: dict[str, float]) -> str | None:
     return next((k for k in metrics if k.startswith("val_")), None)
 
 
-def _interquartile_mean(values: deque[float]) -> float:
+def _interquartile_mean(values: deque[float] | list[float]) -> float:
     ordered = sorted(values)
     quarter = len(ordered) // 4
     middle = ordered[quarter:len(ordered) - quarter]

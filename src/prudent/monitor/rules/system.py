@@ -86,6 +86,15 @@ class MemoryGrowthRule(Rule):
     def check(self, window: Window) -> Finding | None:
         return self.first_finding(window.memory, self._judge)
 
+    def verdict_due(self, step: int) -> int | None:
+        """Memory rising at every sample so far: the step of the next sample, which may be
+        the verdict (judged then, not up to a check interval after it)."""
+        for series in (self.host, self.device):
+            if len(series) >= 2 and all(b[1] > a[1] for a, b in zip(series, list(series)[1:])):
+                last, before = series[-1][0], series[-2][0]
+                return int(last + (last - before))
+        return None
+
     def _judge(self, sample: MemorySample) -> Finding | None:
         if not self.active_at(sample.step):
             return None

@@ -44,6 +44,14 @@ class EarlyStoppingSettings(RuleSettings):
                                      "must fall below its value at the first evaluation, "
                                      "relative (0.1 = 10%, loss_not_decreasing's max_progress), "
                                      "before a run counts as learning something.")
+    still_train: float = Field(0.05, ge=0, le=1, description="The first evaluation without "
+                               "improvement is enough (Keras' default patience) when, besides "
+                               "the metric never beating its first evaluation, the training "
+                               "loss moved less than this since then, relative (random labels: "
+                               "1.3%; the healthy runs that learn slowest fall 10% between "
+                               "their first two evaluations), over at least a twentieth of the "
+                               "planned run (an evaluation per epoch of a 20-epoch run; closer "
+                               "evaluations wait for no_progress_patience). 0: never.")
     restore_best: bool = Field(True, description="Keep the best evaluation's checkpoint (never "
                                "rotated out) and, when this rule stops the run, put its weights "
                                "back: the final weights are the best ones.")
@@ -57,7 +65,9 @@ class EarlyStoppingRule(Rule):
     A run that has learned nothing needs less patience: when the metric never beat its first
     evaluation and the training loss is still within ``no_progress_train`` of its value then,
     it fires after ``no_progress_patience`` evaluations (patience exists to let a noisy plateau
-    *after progress* pass; a saddle still improves its validation a little at each evaluation).
+    *after progress* pass; a saddle still improves its validation a little at each evaluation),
+    and after one when the training loss has not moved at all (``still_train``) over a
+    twentieth of the run.
 
     ``best_step`` is the step of the best evaluation so far and ``improved`` says whether the
     last window brought a new best: the monitor keeps that evaluation's checkpoint for
@@ -82,6 +92,11 @@ class EarlyStoppingRule(Rule):
         self.first_train: float | None = None
         self.improved = False
         self.judged = False  # saw the metric at least once (kept when the rule starts over)
+        self.planned: int | None = None  # the run's planned steps (fit)
+
+    def fit(self, planned_steps: int) -> str | None:
+        self.planned = planned_steps
+        return None
 
     def sign(self, metric: str) -> float:
         mode = self.settings.mode
@@ -123,10 +138,23 @@ class EarlyStoppingRule(Rule):
         self.waited += 1
         if self.waited >= s.patience:
             return Finding(sample.step, value, self._target(metric), self._message(sample, value))
-        if self.waited >= s.no_progress_patience and self._nothing_learned(sample):
+        patience = 1 if self._still(sample) else s.no_progress_patience
+        if self.waited >= patience and self._nothing_learned(sample):
             return Finding(sample.step, value, self._target(metric),
                            self._message(sample, value) + self._no_progress_message(sample))
         return None
+
+    def _still(self, sample: EvalSample) -> bool:
+        """The training loss has not moved (``still_train``) over at least a twentieth of the
+        planned run since the first evaluation: with the metric at its first value, one more
+        evaluation adds nothing but steps."""
+        first, now, s = self.first_train, sample.train_loss, self.settings
+        if (not s.still_train or not self.planned or self.first_step is None
+                or not finite(first) or not finite(now)):
+            return False
+        if sample.step - self.first_step < self.planned / 20:
+            return False
+        return abs(now - first) < s.still_train * abs(first)  # type: ignore[operator]
 
     def _nothing_learned(self, sample: EvalSample) -> bool:
         """The best is still the first evaluation and the training loss has not fallen
@@ -139,10 +167,15 @@ class EarlyStoppingRule(Rule):
         return now > first - self.settings.no_progress_train * abs(first)  # type: ignore[operator]
 
     def _no_progress_message(self, sample: EvalSample) -> str:
+        s = self.settings
+        if self._still(sample):
+            return (f", its first evaluation, while the training loss {fmt(sample.train_loss)} "
+                    f"moved less than {s.still_train:.0%} from its {fmt(self.first_train)} "
+                    f"then: nothing is being learned (patience 1 evaluation, not {s.patience})")
         return (f", its first evaluation, while the training loss {fmt(sample.train_loss)} is "
-                f"still within {self.settings.no_progress_train:.0%} of its "
+                f"still within {s.no_progress_train:.0%} of its "
                 f"{fmt(self.first_train)} then: nothing is being learned (patience "
-                f"{self.settings.no_progress_patience} evaluations, not {self.settings.patience})")
+                f"{s.no_progress_patience} evaluations, not {s.patience})")
 
     def _target(self, metric: str) -> float | None:
         if self.best is None:
@@ -152,7 +185,8 @@ class EarlyStoppingRule(Rule):
     def _message(self, sample: EvalSample, value: float) -> str:
         metric, s = self.metric, self.settings
         best = fmt(self.sign(metric) * self.best) if self.best is not None else "none"  # type: ignore[arg-type]
-        text = (f"early stopping: {metric} has not improved for {self.waited} evaluations: "
+        times = f"{self.waited} evaluation{'s' if self.waited != 1 else ''}"
+        text = (f"early stopping: {metric} has not improved for {times}: "
                 f"{fmt(value)} at step {sample.step}, best {best} at step {self.best_step}")
         if s.min_delta:
             text += f" (min_delta {s.min_delta:g})"
