@@ -154,3 +154,37 @@ def test_auto_interval_saves_rarely_on_fast_steps(settings: ProjectSettings) -> 
     saves = [e for e in store.events(run.id) if e["name"] == "saved"]
     store.close()
     assert 1 <= len(saves) <= 3  # the measuring save, maybe the epoch end; not hundreds
+
+
+class SlowToSerialise:
+    """An attached object whose state takes the training thread 60 ms to build (an adapter's
+    framework checkpoint serialised in memory: Lightning's, Hugging Face's live files)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        import time
+
+        time.sleep(0.06)
+        return {"blob": torch.zeros(4)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_a_saves_stall_counts_building_its_payload(tmp_path: Path, mode: str) -> None:
+    # the automatic schedule spaces saves by this stall: one that left out the framework's
+    # serialisation on the training thread saved an adapter's run too often
+    settings = make_settings(tmp_path, checkpoint={"every": "2steps", "mode": mode})
+    run = prudent.init(name="slow", settings=settings, exit_on_stop=False)
+    model = torch.nn.Linear(2, 1)
+    run.attach(model=model, framework=SlowToSerialise())
+    with run:
+        for _ in run.steps(4):
+            run.backward(model(torch.ones(1, 2)).sum())
+            run.step()
+    store = Store(f"sqlite:///{tmp_path / 'prudent.db'}")
+    try:
+        saves = [e for e in store.events(run.id) if e["kind"] == "checkpoint" and e["name"] == "saved"]
+    finally:
+        store.close()
+    assert saves and all(e["payload"]["stall_s"] >= 0.06 for e in saves), saves

@@ -163,12 +163,18 @@ class Checkpointer(Component):
             return
         state = run.state
         self._last_position = (state.step, state.epoch, state.batches_in_epoch)
+        started = time.perf_counter()
+        # the training thread builds the payload: cheap for a module's state_dict (references),
+        # milliseconds for an adapter's framework checkpoint (serialised here): the loop's
+        # stall, which the automatic schedule spaces saves by, counts it
         payload = {"objects": {k: state_of(v) for k, v in run.objects.items()},
                    "run": run.state_dict()}
+        prepared_s = time.perf_counter() - started
         meta = {"run_id": run.id, "epoch": state.epoch, "batches_in_epoch": state.batches_in_epoch,
                 "reason": reason}
         self.schedule.saved(state.step)
-        result = self.writer.save(state.step, payload, meta, synchronous=synchronous)
+        result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
+                                  prepared_s=prepared_s)
         self._writing = self._writing or result is None
         run.emit(Event.CHECKPOINT_TAKEN, state.step)
         if result is not None:

@@ -134,12 +134,15 @@ class CheckpointWriter:
         self._buffers = SnapshotBuffers()
 
     def save(self, step: int, payload: dict[str, Any], meta: dict[str, Any],
-             synchronous: bool = False) -> SaveResult | None:
-        """Snapshot now; write now (sync, returns the result) or in the background (None)."""
-        started = time.perf_counter()
+             synchronous: bool = False, prepared_s: float = 0.0) -> SaveResult | None:
+        """Snapshot now; write now (sync, returns the result) or in the background (None).
+
+        ``prepared_s``: what building ``payload`` already cost the training thread (part of
+        the save's stall)."""
+        started = time.perf_counter() - prepared_s
         self.wait()  # at most one save in flight (and the buffers are free again)
         if synchronous or not self.asynchronous:  # the loop waits anyway: serialise live tensors
-            return self._write(step, payload, meta, 0.0, synchronous=True)
+            return self._write(step, payload, meta, 0.0, synchronous=True, prepared_s=prepared_s)
         snapshot = self._buffers.copy(payload)
         self._buffers.synchronize()
         stall_s = time.perf_counter() - started
@@ -171,7 +174,7 @@ class CheckpointWriter:
         return self._in_flight is not None and self._in_flight.is_alive()
 
     def _write(self, step: int, snapshot: dict[str, Any], meta: dict[str, Any],
-               stall_s: float, synchronous: bool = False) -> SaveResult:
+               stall_s: float, synchronous: bool = False, prepared_s: float = 0.0) -> SaveResult:
         name = checkpoint_name(step)
         result = SaveResult(name=name, step=step, stall_s=stall_s)
         started = time.perf_counter()
@@ -195,7 +198,7 @@ class CheckpointWriter:
                 self.storage.abort(handle)
         result.write_s = time.perf_counter() - started
         if synchronous:
-            result.stall_s = result.write_s
+            result.stall_s = prepared_s + result.write_s
         return result
 
     def _check_committed(self, name: str, num_bytes: int) -> None:
