@@ -188,3 +188,47 @@ def test_a_saves_stall_counts_building_its_payload(tmp_path: Path, mode: str) ->
     finally:
         store.close()
     assert saves and all(e["payload"]["stall_s"] >= 0.06 for e in saves), saves
+
+
+def spiking_run(settings: ProjectSettings, stop_at: int | None = None) -> dict[str, Any]:
+    """Six epochs of 32 batches with a lasting loss spike at steps 101-112: loss_spike rolls
+    back to the step-96 checkpoint and skips the next 8 batches of epoch 4."""
+    from prudent.testing import tiny_loader, tiny_model
+
+    torch.manual_seed(0)
+    model = tiny_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = prudent.init(name="spike", settings=settings, exit_on_stop=False)
+    if stop_at:
+        run.context.add_component(StopAtStep(stop_at))
+    run.attach(model=model, optimizer=opt)
+    loader = tiny_loader(num_samples=32 * 8, batch_size=8)
+    with run:
+        for _ in run.epochs(6):
+            for x, y in run.batches(loader):
+                step = run.state.step + 1
+                loss = F.cross_entropy(model(-x if 101 <= step <= 112 else x), y)
+                run.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                run.step(loss=loss)
+    return {"status": run.status, "step": run.state.step, "model": model.state_dict()}
+
+
+def test_a_resume_after_a_rollback_that_skipped_batches_is_exact(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the skipped batches were drawn from the epoch: its position must count them, or a resume
+    # later in that epoch serves them again and everything after them shifts
+    def settings() -> ProjectSettings:
+        return make_settings(tmp_path, monitor={"max_check_every_steps": 10,
+                                                "actions": {"rollback": {"skip_batches": 8}}},
+                             checkpoint={"every": "20steps", "keep": 2})
+
+    monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
+    reference = spiking_run(settings())
+    assert (reference["status"], reference["step"]) == ("completed", 6 * 32 - 8)
+    monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
+    assert spiking_run(settings(), stop_at=118)["status"] == "stopped"  # after the skip
+    resumed = spiking_run(settings())
+    assert (resumed["status"], resumed["step"]) == ("completed", reference["step"])
+    assert same(reference["model"], resumed["model"])

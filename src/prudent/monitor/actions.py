@@ -165,6 +165,7 @@ class RollbackAction(Action):
         self.count = 0
         self.skip_left = 0  # batches still to skip (the monitor's batch wrapper reads it)
         self.skips_batches = False  # the loop uses run.batches: skipping data is possible
+        self.state: Any = None  # the run's counters: a skipped batch moves the epoch on
 
     def apply(self, run: RunContext, firing: Firing) -> str:
         s, finding = self.settings, firing.finding
@@ -181,6 +182,7 @@ class RollbackAction(Action):
         self.count += 1
         lr = self._scale_lr(run)
         self.skip_left = s.skip_batches if self.skips_batches else 0
+        self.state = run.state
         skipped = (f"skipping the next {s.skip_batches} batches" if self.skips_batches
                    else "no batches skipped (the loop draws its own data: run.steps)")
         message = (f"rollback {self.count} of at most {s.max_rollbacks}: weights and optimizer "
@@ -236,6 +238,10 @@ class _SkippingBatches:
         while action.skip_left:
             next(self._iterator)
             action.skip_left -= 1
+            # drawn from the epoch: its position counts it, or a resume later in the epoch
+            # (which skips batches_in_epoch batches) would serve it again
+            if action.state is not None:
+                action.state.batches_in_epoch += 1
         return next(self._iterator)
 
 
