@@ -272,10 +272,12 @@ class Monitor(Component):
         rollback = self.actions.get("rollback")
         done = rollback.count if isinstance(rollback, RollbackAction) else 0
         for firing in sorted(firings, key=_began):
-            if isinstance(rollback, RollbackAction) and rollback.count > done:
-                # the rollback took these steps back: the other findings judged losses of
-                # weights that are gone (a corrupted shard's spike also climbs for a while)
-                break
+            if (isinstance(rollback, RollbackAction) and rollback.count > done
+                    and hasattr(self.rules.get(firing.rule), "rolled_back")):
+                # the rollback took these steps back: a rule that smooths the loss judged
+                # losses of weights that are gone (a corrupted shard's spike also climbs for a
+                # while); a gradient that explodes at a learning rate too high still stops
+                continue
             self.fire(run, firing)
         if isinstance(rollback, RollbackAction) and rollback.count > done:
             self._rolled_back()
