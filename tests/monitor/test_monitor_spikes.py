@@ -14,8 +14,8 @@ import prudent
 from prudent.checkpoint import Checkpointer
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.events import Event
-from prudent.monitor import Monitor
-from prudent.monitor.base import Window
+from prudent.monitor import Monitor, register_rule, unregister_rule
+from prudent.monitor.base import Finding, Rule, Window
 from prudent.monitor.rules import LossSpikeRule
 from prudent.store import Store
 from prudent.testing import make_settings, tiny_loader, tiny_model
@@ -179,3 +179,45 @@ def test_a_calm_window_is_judged_as_the_step_by_step_pass_would() -> None:
                                                       and math.isinf(slow.skip_above))
         step += 25
     assert 30 < calm_windows < 60  # both paths were taken
+
+
+class _SpikeWindow(Rule):
+    """Fires once, at the first check whose window holds the spiked steps (the same check as
+    loss_spike's rollback): a stand-in for another rule that sees the spike."""
+
+    name = "spike_window"
+    needs = frozenset({"steps"})
+
+    def __init__(self, settings: Any = None) -> None:
+        super().__init__(settings)
+        self.fired = False
+
+    def check(self, window: Window) -> Finding | None:
+        if self.fired or not any(101 <= step <= 112 for step in window.steps):
+            return None
+        self.fired = True
+        return Finding(window.steps[-1], 1.0, 0.0, "the spike's window")
+
+
+class _SmoothingSpikeWindow(_SpikeWindow):
+    name = "smoothing_spike_window"
+
+    def rolled_back(self) -> None:  # a rule that smooths the loss (divergence)
+        pass
+
+
+def test_a_rollback_drops_the_same_checks_findings_of_rules_that_smooth_the_loss_only(
+        tmp_path: Path) -> None:
+    spoil = lambda step, x: -x if 101 <= step <= 112 else x  # noqa: E731
+    for cls, stopped in ((_SmoothingSpikeWindow, False), (_SpikeWindow, True)):
+        register_rule(cls)
+        try:
+            run, events, _ = run_with(tmp_path / cls.name / ".prudent", spoil, checkpoints=True,
+                                      actions={"rollback": {"skip_batches": 8}})
+        finally:
+            unregister_rule(cls.name)
+        assert any(e["name"] == "rollback" for e in events)
+        # a smoothed loss judged the losses the rollback took back: dropped; another finding
+        # of the same check (a gradient that explodes at too high a learning rate) still stops
+        assert (run.status == "stopped") is stopped
+        assert (run.stop_reason == f"rule:{cls.name}") is stopped
