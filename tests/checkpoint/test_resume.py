@@ -215,10 +215,13 @@ def spiking_run(settings: ProjectSettings, stop_at: int | None = None) -> dict[s
     return {"status": run.status, "step": run.state.step, "model": model.state_dict()}
 
 
+@pytest.mark.parametrize("stop", ["after_the_skip", "at_the_rollback"])
 def test_a_resume_after_a_rollback_that_skipped_batches_is_exact(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: str) -> None:
     # the skipped batches were drawn from the epoch: its position must count them, or a resume
-    # later in that epoch serves them again and everything after them shifts
+    # later in that epoch serves them again and everything after them shifts; stopped at the
+    # rollback's own step, the checkpoint holds the skip still to come: the resumed run makes
+    # it, and counts it too (stopped again later in the epoch and resumed, it is still exact)
     def settings() -> ProjectSettings:
         return make_settings(tmp_path, monitor={"max_check_every_steps": 10,
                                                 "actions": {"rollback": {"skip_batches": 8}}},
@@ -227,8 +230,16 @@ def test_a_resume_after_a_rollback_that_skipped_batches_is_exact(
     monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
     reference = spiking_run(settings())
     assert (reference["status"], reference["step"]) == ("completed", 6 * 32 - 8)
+    store = Store(f"sqlite:///{tmp_path / 'prudent.db'}")
+    try:
+        (rollback,) = [e for e in store.events("reference") if e["name"] == "rollback"]
+    finally:
+        store.close()
+    stop_at = 118 if stop == "after_the_skip" else rollback["step"]
     monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
-    assert spiking_run(settings(), stop_at=118)["status"] == "stopped"  # after the skip
+    assert spiking_run(settings(), stop_at=stop_at)["status"] == "stopped"
+    if stop == "at_the_rollback":
+        assert spiking_run(settings(), stop_at=118)["status"] == "stopped"
     resumed = spiking_run(settings())
     assert (resumed["status"], resumed["step"]) == ("completed", reference["step"])
     assert same(reference["model"], resumed["model"])

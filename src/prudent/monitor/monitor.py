@@ -111,7 +111,9 @@ class Monitor(Component):
         if "stalled" in self.rules:
             self._start_watchdog(run)
         if any("rollback" in rule.settings.action for rule in self.rules.values()):
-            run.wrap_batches(self._rollback().batches)  # a rollback skips batches
+            rollback = self._rollback()
+            rollback.state = run.state  # a skip restored from a checkpoint counts its batches
+            run.wrap_batches(rollback.batches)  # a rollback skips batches
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         self.stats.attach(objects)
