@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "MIN_SAMPLES", "ActionName", "ActivationSample",
            "EvalSample", "Finding", "LayerSample", "MemorySample", "Rule", "RuleSettings", "Window",
-           "action_default", "finite", "fmt", "warmup_default"]
+           "action_default", "confirm_at", "confirm_gap", "finite", "fmt", "warmup_default"]
 
 ActionName = Literal["stop", "reduce_lr", "alert", "capture", "prune", "skip", "rollback"]
 ACTION_NAMES: tuple[str, ...] = ("alert", "capture", "prune", "reduce_lr", "rollback", "skip",
@@ -306,3 +306,17 @@ def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value
+
+
+def confirm_gap(window: Window) -> int:
+    """Steps from a sample (or check) that starts a streak to the one asked for to confirm it:
+    a quarter of the sampling interval (5 steps of 20). Another batch, another update, a few
+    steps on: what rules out one odd batch, without waiting the whole interval (on a short run
+    two samples 20 steps apart took 40 steps, an eighth of it)."""
+    return max(1, (window.sample_every or 20) // 4)
+
+
+def confirm_at(step: int, window: Window, lead: int = 1) -> int:
+    """The step of the sample that confirms one taken at ``step``: ``confirm_gap`` later, and
+    at least ``lead`` steps after the steps this window holds (the sample is still to come)."""
+    return max(step + confirm_gap(window), window.steps[-1] + lead if window.steps else 0)

@@ -14,6 +14,8 @@ from prudent.monitor.base import (
     RuleSettings,
     Window,
     action_default,
+    confirm_at,
+    confirm_gap,
     finite,
     fmt,
     warmup_default,
@@ -24,20 +26,6 @@ __all__ = ["DeadActivationsRule", "UpdateRatioRule", "confirm_at", "confirm_gap"
 
 ZERO_LR_GAP = 5  # steps between two reads of a zero learning rate: a later step's read is
 # what excludes a schedule touching 0 once; more steps add nothing
-
-
-def confirm_gap(window: Window) -> int:
-    """Steps from a sample (or check) that starts a streak to the one asked for to confirm it:
-    a quarter of the sampling interval (5 steps of 20). Another batch, another update, a few
-    steps on: what rules out one odd batch, without waiting the whole interval (on a short run
-    two samples 20 steps apart took 40 steps, an eighth of it)."""
-    return max(1, (window.sample_every or 20) // 4)
-
-
-def confirm_at(step: int, window: Window, lead: int = 1) -> int:
-    """The step of the sample that confirms one taken at ``step``: ``confirm_gap`` later, and
-    at least ``lead`` steps after the steps this window holds (the sample is still to come)."""
-    return max(step + confirm_gap(window), window.steps[-1] + lead if window.steps else 0)
 
 
 class UpdateRatioSettings(RuleSettings):

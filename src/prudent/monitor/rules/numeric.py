@@ -17,11 +17,11 @@ from prudent.monitor.base import (
     RuleSettings,
     Window,
     action_default,
+    confirm_at,
     finite,
     fmt,
     warmup_default,
 )
-from prudent.monitor.rules.internals import confirm_at
 
 __all__ = ["ExplodingGradientRule", "NonFiniteRule", "VanishingGradientRule"]
 
