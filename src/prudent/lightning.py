@@ -29,6 +29,7 @@ import torch
 
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.loader import ResumableLoader
+from prudent.optimizer_step import replace_next_step
 from prudent.stop import ExitCode
 
 __all__ = ["PrudentCallback", "ResumableLoader", "resumable", "resume_path"]
@@ -413,9 +414,7 @@ def _skip_update_under_way(trainer: Any, optimizer: Any) -> None:
     ``scaler.step`` calls ``step()`` after this hook: the no-op skips this very update."""
     if getattr(trainer.precision_plugin, "scaler", None) is not None:
         return
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            param.grad = None
+    _drop_gradients(optimizer)
     optimizer.step()  # the no-op: it puts back what was there
 
 
@@ -424,19 +423,15 @@ def _drop_update(trainer: Any, optimizer: Any) -> None:
     GradScaler) they go; with a GradScaler, whose ``scaler.step`` calls ``step()`` after this
     hook and needs the gradients it unscaled, the next ``step()`` is a no-op instead."""
     if getattr(trainer.precision_plugin, "scaler", None) is None:
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                param.grad = None
-        return
-    previous = vars(optimizer).get("step")
+        _drop_gradients(optimizer)
+    else:
+        replace_next_step(optimizer, "dropped")
 
-    def dropped(*args: Any, **kwargs: Any) -> None:
-        if previous is None:
-            vars(optimizer).pop("step", None)
-        else:
-            optimizer.step = previous
 
-    optimizer.step = dropped
+def _drop_gradients(optimizer: Any) -> None:
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            param.grad = None
 
 
 def _length(loader: Any) -> int | None:

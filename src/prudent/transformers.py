@@ -47,6 +47,7 @@ import torch
 
 from prudent.adapters.core import AdapterRun
 from prudent.events import Event
+from prudent.optimizer_step import put_back_step, replace_next_step
 from prudent.stop import StopKind
 
 try:
@@ -266,7 +267,7 @@ class PrudentCallback(TrainerCallback):
             # update, made a no-op as the monitor skips an outlier's, and no loss to judge
             self._loss = None
             if inner is not None:
-                _no_update(inner)
+                replace_next_step(inner, "dropped")
         else:
             # the step's loss, judged before the update (loss_spike's skip), as run.backward()
             # announces it; the Trainer has no hook between forward and backward, so its
@@ -279,13 +280,15 @@ class PrudentCallback(TrainerCallback):
             # a component made this step's update a no-op (loss_spike's skip): the Trainer
             # steps accelerate's wrapper, which with a GradScaler puts its own step() on the
             # torch optimizer first; this once, the wrapper calls the no-op directly
-            self._wrapper.step = _once(self._wrapper, inner)
+            # (the wrapper's own step, the LR scheduler's wrapper of it where there is one, is
+            # back after that call)
+            replace_next_step(self._wrapper, "once", then=lambda: inner.step())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         loss, self._loss, self._in_step = self._loss, None, False
         inner = self._optimizer
-        if inner is not None and getattr(vars(inner).get("step"), "__name__", "") == "dropped":
-            _put_back(inner)  # a GradScaler's inf skipped the step: the no-op is not left behind
+        if inner is not None:
+            put_back_step(inner, "dropped")  # a GradScaler's inf skipped the step: not left behind
         adapter = self.adapter
         adapter.count_step({"loss": loss} if loss is not None else {})
         if self._dropping is not None and not self._rollback.skip_left:
@@ -409,40 +412,6 @@ def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
             torch.save(obj.state_dict(), buffer)
             files[f"{LIVE}/{name}"] = buffer.getvalue()
     return files
-
-
-def _no_update(optimizer: Any) -> None:
-    """Make the optimizer's next ``step()`` a no-op that puts back what was there (the LR
-    scheduler's wrapper of ``step``, an instance attribute), as the monitor's skip does."""
-    def dropped(*args: Any, **kwargs: Any) -> None:
-        _put_back(optimizer)
-
-    dropped.previous = vars(optimizer).get("step")  # type: ignore[attr-defined]
-    optimizer.step = dropped
-
-
-def _put_back(optimizer: Any) -> None:
-    previous = vars(optimizer)["step"].previous
-    if previous is None:
-        del optimizer.step
-    else:
-        optimizer.step = previous
-
-
-def _once(wrapper: Any, inner: Any) -> Any:
-    """The wrapper's next ``step()`` calls the torch optimizer's (a no-op now) directly, then
-    the wrapper's own is back: the LR scheduler's wrapper of it, an instance attribute the
-    scheduler checks, where there was one."""
-    previous = vars(wrapper).get("step")
-
-    def step(*args: Any, **kwargs: Any) -> Any:
-        if previous is None:
-            vars(wrapper).pop("step", None)
-        else:
-            wrapper.step = previous
-        return inner.step()
-
-    return step
 
 
 def _load_weights(model: Any, folder: Path) -> None:

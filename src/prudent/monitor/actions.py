@@ -165,7 +165,8 @@ class RollbackAction(Action):
         self.count = 0
         self.skip_left = 0  # batches still to skip (the monitor's batch wrapper reads it)
         self.skips_batches = False  # the loop uses run.batches: skipping data is possible
-        self.state: Any = None  # the run's counters: a skipped batch moves the epoch on
+        self.state: Any = None  # the run's counters (the monitor's start): a skipped batch
+        # moves the epoch on
 
     def apply(self, run: RunContext, firing: Firing) -> str:
         s, finding = self.settings, firing.finding
@@ -182,7 +183,6 @@ class RollbackAction(Action):
         self.count += 1
         lr = self._scale_lr(run)
         self.skip_left = s.skip_batches if self.skips_batches else 0
-        self.state = run.state
         skipped = (f"skipping the next {s.skip_batches} batches" if self.skips_batches
                    else "no batches skipped (the loop draws its own data: run.steps)")
         message = (f"rollback {self.count} of at most {s.max_rollbacks}: weights and optimizer "

@@ -34,6 +34,7 @@ from prudent.monitor.settings import MonitorSettings
 from prudent.monitor.stats import StepStats
 from prudent.monitor.watchdog import StallWatchdog, dump_stacks
 from prudent.monitor.webhook import WebhookSender
+from prudent.optimizer_step import put_back_step, replace_next_step
 from prudent.stop import StopReason
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class Monitor(Component):
         self._judged_step = -1  # the step whose loss on_before_backward judged
         self._fitted_for: int | None = None  # the planned length the rules were sized to
         self._said_blind: set[str] = set()
-        self._skipped: list[tuple[Any, Any]] = []  # optimizers whose next step is a no-op
+        self._skipped: list[Any] = []  # optimizers whose next step is a no-op
         self.best_checkpoint: str | None = None  # early stopping's best evaluation
         spike = self.rules.get("loss_spike")
         self._skipper = spike if spike is not None and "skip" in spike.settings.action else None
@@ -197,22 +198,14 @@ class Monitor(Component):
         return None
 
     def _skip_next_update(self) -> None:
-        """Make each attached optimizer's next ``step()`` a no-op (an instance attribute over
-        the method or an LR scheduler's wrapper of it, put back when it is called)."""
+        """Make each attached optimizer's next ``step()`` a no-op (put back when called)."""
         for optimizer in self.stats.optimizers:
-            previous = optimizer.__dict__.get("step")
-
-            def skipped(*args: Any, _opt: Any = optimizer, _prev: Any = previous,
-                        **kwargs: Any) -> None:
-                _put_back(_opt, _prev)
-
-            optimizer.step = skipped
-            self._skipped.append((optimizer, previous))
+            replace_next_step(optimizer, "skipped")
+            self._skipped.append(optimizer)
 
     def _unskip(self) -> None:
-        for optimizer, previous in self._skipped:
-            if getattr(optimizer.__dict__.get("step"), "__name__", "") == "skipped":
-                _put_back(optimizer, previous)
+        for optimizer in self._skipped:
+            put_back_step(optimizer, "skipped")
         self._skipped = []
 
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
@@ -534,13 +527,6 @@ def _began(firing: Firing) -> int:
     """The step a finding's condition began (a spike's first step), for the firing order."""
     finding = firing.finding
     return finding.since if finding.since is not None else finding.step
-
-
-def _put_back(optimizer: Any, previous: Any) -> None:
-    if previous is None:
-        optimizer.__dict__.pop("step", None)
-    else:
-        optimizer.step = previous
 
 
 def _number(value: float | None) -> float | str | None:
