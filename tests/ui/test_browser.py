@@ -49,8 +49,12 @@ WEAK = '{"lr": 0.0001, "hidden": 4, "optimizer": "sgd", "momentum": 0.5}'  # the
 def _open(page: Any, url: str) -> None:
     page.goto(url)
     page.wait_for_selector("#app[data-ready]", timeout=20_000)
-    if page.get_attribute("#app", "data-page") in ("run", "compare"):
+    kind = page.get_attribute("#app", "data-page")
+    if kind in ("run", "compare"):
         page.wait_for_selector(".curve[data-drawn]", timeout=20_000)
+    elif kind == "study":  # Plotly loads lazily: the charts are drawn after data-ready
+        page.wait_for_selector("#history[data-drawn]", timeout=20_000)
+        page.wait_for_selector("#intermediate[data-drawn]", timeout=20_000)
 
 
 def _shoot(page: Any, folder: Path, name: str) -> None:
@@ -192,6 +196,8 @@ def test_study_page_shows_pruned_trials_and_who_pruned_them(
         _open(page, server.url + "/")
         page.click("#studies a")
         page.wait_for_selector("#app[data-page=study]")
+        page.wait_for_selector("#intermediate[data-drawn]", timeout=20_000)
+        page.wait_for_selector("#history[data-drawn]", timeout=20_000)
         pruned = page.locator("#trials tr[data-state=pruned]")
         assert pruned.count() == 2
         by = set(pruned.locator(".pruned-by").all_inner_texts())
