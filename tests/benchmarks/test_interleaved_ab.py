@@ -49,4 +49,5 @@ def test_one_run_alternates_blocks_and_pairs_neighbours(tmp_path: Path, which: s
     with ab.prudent_environment(str(tmp_path / "home")):
         on, off, pairs = ab.one_run(ab.training_parts(ab.make_data(80)), 20, True, which)
     assert len(on) == len(off) == 40 and len(pairs) == 2
-    assert all(a > 0 and b > 0 for a, b in pairs)
+    # (mean, median) step of the on block and of its neighbour
+    assert all(min(a) > 0 and min(b) > 0 and len(a) == len(b) == 2 for a, b in pairs)
