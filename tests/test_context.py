@@ -101,3 +101,34 @@ def test_a_store_that_stays_away_at_the_end_does_not_fail_a_run_that_trained(
         run.step()
     assert run.status == "completed" and run.exit_code == 0
     assert "ended completed but its record could not be closed" in capsys.readouterr().err
+
+
+class Sleeper(Component):
+    """Looks at STEP_END every ``every`` steps only, as the checkpointer's schedule does."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.steps: list[int] = []
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        self.steps.append(ctx.state.step)
+        ctx.sleep_until(self, ctx.state.step + self.every)
+
+
+def test_a_component_asleep_is_called_again_at_its_step_and_its_neighbours_every_step(
+        settings: ProjectSettings) -> None:
+    sleeper, after = Sleeper(every=5), Counter("after")  # after: behind it in the same list
+    run = prudent.init(name="sleep", settings=settings, exit_on_stop=False,
+                       components=[sleeper, after])
+    _train(run, 21)
+    run.context.finish("completed")
+    assert sleeper.steps == [1, 6, 11, 16, 21]
+    assert after.calls == 21  # a handler that sleeps itself mid-loop skips nobody else
+
+
+def test_sleeping_one_step_ahead_changes_nothing(settings: ProjectSettings) -> None:
+    sleeper = Sleeper(every=1)
+    run = prudent.init(name="sleep1", settings=settings, exit_on_stop=False, components=[sleeper])
+    _train(run, 4)
+    run.context.finish("completed")
+    assert sleeper.steps == [1, 2, 3, 4]

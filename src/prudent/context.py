@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import math
 import os
 import socket
 import sys
@@ -87,6 +88,11 @@ class RunContext:
         self._muted: dict[Event, set[int]] = {event: set() for event in Event}
         self._paused: set[int] = set()
         self.handlers: dict[Event, list[Callable[..., None]]] = {event: [] for event in Event}
+        # components that asked not to be called at STEP_END before some step (sleep_until):
+        # the kernel compares the step with wake_step once a step, and nothing else
+        self.wake_step: float = math.inf
+        self._sleepers: dict[int, tuple[Component, int]] = {}
+        self.sleep_requests: list[tuple[Component, int]] = []
         for component in components:
             self.add_component(component)
         self._signals = SignalStopper(self.request_stop)
@@ -115,6 +121,46 @@ class RunContext:
         else:
             muted.add(id(component))
         self._refresh(event)
+
+    def sleep_until(self, component: Component, step: int) -> None:
+        """Leave ``component`` out of STEP_END until the step counter reaches ``step``.
+
+        For a component whose per-step handler would only look at a schedule (a save due in
+        N steps or seconds, a progress line every few seconds): the kernel compares one number
+        per step instead of calling it. Safe from its own STEP_END handler: the request takes
+        effect once the step's handlers have all run.
+        """
+        self.sleep_requests.append((component, step))
+
+    def end_step(self, metrics: dict[str, Any]) -> None:
+        """One optimizer step done: counted, STEP_END delivered (the loop's ``run.step`` and
+        the adapters' per-step hook both end here)."""
+        state = self.state
+        state.step += 1
+        if state.step >= self.wake_step:
+            self._wake_sleepers(state.step)
+        for handler in self.handlers[Event.STEP_END]:
+            handler(self, metrics)
+        if self.host_reads:
+            self.host_reads.clear()  # the step's tensors are not kept past it
+        if self.sleep_requests:
+            self._put_to_sleep()
+
+    def _put_to_sleep(self) -> None:
+        step = self.state.step
+        for component, until in self.sleep_requests:
+            if until > step + 1:  # sleeping through no step is not worth the bookkeeping
+                self._sleepers[id(component)] = (component, until)
+                self.subscribe(component, Event.STEP_END, False)
+        self.sleep_requests.clear()
+        self.wake_step = min((until for _, until in self._sleepers.values()), default=math.inf)
+
+    def _wake_sleepers(self, step: int) -> None:
+        for key, (component, until) in list(self._sleepers.items()):
+            if until <= step:
+                del self._sleepers[key]
+                self.subscribe(component, Event.STEP_END, True)
+        self.wake_step = min((until for _, until in self._sleepers.values()), default=math.inf)
 
     def is_subscribed(self, component: Component, event: Event) -> bool:
         return any(c is component for c, _ in self._registered[event]) and (

@@ -65,7 +65,6 @@ class Run:
         self._warned_counter = False
         handlers = context.handlers
         # the hot path: looked up once
-        self._step_end = handlers[Event.STEP_END]
         self._before_backward = handlers[Event.BEFORE_BACKWARD]
         self._after_backward = handlers[Event.AFTER_BACKWARD]
         self._batch_loaded = handlers[Event.BATCH_LOADED]
@@ -274,11 +273,7 @@ class Run:
             self._step_loss = None
         if not self._positioned and not self._warned_counter:
             self._warn_counter_restarts()
-        ctx.state.step += 1
-        for handler in self._step_end:
-            handler(ctx, metrics)
-        if ctx.host_reads:
-            ctx.host_reads.clear()  # the step's tensors are not kept past it
+        ctx.end_step(metrics)
         if ctx.pending_stop is not None and not ctx.defer_stops:
             ctx.raise_stop()
 

@@ -49,7 +49,6 @@ class AdapterRun:
         self._batch_end: float | None = None
         self._watched: set[int] = set()
         handlers = self.ctx.handlers
-        self._step_end = handlers[Event.STEP_END]
         self._batch_loaded = handlers[Event.BATCH_LOADED]
         self._after_backward = handlers[Event.AFTER_BACKWARD]
 
@@ -198,12 +197,7 @@ class AdapterRun:
     def count_step(self, metrics: dict[str, Any]) -> None:
         """:meth:`step_end` without announcing a stop: for a framework that must first write
         its own checkpoint (then :meth:`take_stop`; see :meth:`stop_pending`)."""
-        ctx = self.ctx
-        ctx.state.step += 1
-        for handler in self._step_end:
-            handler(ctx, metrics)
-        if ctx.host_reads:
-            ctx.host_reads.clear()
+        self.ctx.end_step(metrics)
         self._batch_end = clock()
 
     def stop_pending(self) -> StopReason | None:

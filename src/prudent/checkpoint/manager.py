@@ -27,6 +27,7 @@ from prudent.checkpoint.writer import CheckpointWriter, SaveResult, load_checkpo
 from prudent.distributed import ranks_from_env
 from prudent.errors import ConfigError
 from prudent.events import Component, Event, EventKind
+from prudent.pace import StepPace
 from prudent.stop import StopKind
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class Checkpointer(Component):
         self._last_position: tuple[int, int, int] | None = None
         self._sync_save_s: float | None = None
         self._writing = False  # a background write was started and its result not yet read
+        self._pace = StepPace()  # the step time between the handler's sparse calls
         self.read_only = False  # torchrun ranks other than 0 restore but never write
         self.pinned: dict[str, str] = {}  # label -> checkpoint kept whatever `keep` says
 
@@ -122,9 +124,20 @@ class Checkpointer(Component):
                 self._writing = False
                 self._report(run, self.writer.completed())
         # auto never queues a save behind one in flight; fixed intervals are the user's call
-        if (self.schedule.due_at_step(run.state.step) and run.stop_requested is None
+        step = run.state.step
+        if (self.schedule.due_at_step(step) and run.stop_requested is None
                 and not (busy and self.schedule.kind == "auto")):
             self.save(run, "periodic")
+        if not self._writing:
+            self._sleep(run, step)
+
+    def _sleep(self, run: RunContext, step: int) -> None:
+        """No write to follow: skip the steps before the next save could be due (the kernel
+        then compares one number a step instead of calling this handler)."""
+        step_s = self._pace.seen(step, self.schedule.clock())
+        waits = self.schedule.steps_to_wait(step, step_s)
+        if waits:
+            run.sleep_until(self, step + waits)
 
     def on_epoch_end(self, run: RunContext, epoch: int) -> None:
         if self.writer is not None and self.schedule.due_at_epoch_end(epoch):

@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable
 
+from prudent.pace import steps_within
 from prudent.units import parse_duration_s, parse_interval
 
 __all__ = ["SaveSchedule", "daly_interval_s"]
@@ -51,6 +52,16 @@ class SaveSchedule:
     def due_at_step(self, step: int) -> bool:
         """Asked after every step: two comparisons (the next step due, the next time due)."""
         return step >= self._due_step or (self._timed and self.clock() >= self._due_time)
+
+    def steps_to_wait(self, step: int, step_s: float | None) -> int:
+        """Steps that can pass before the next save could be due (0: ask again next step).
+
+        Step-counted schedules know it exactly; a timed one from the recent step time
+        (:func:`prudent.pace.steps_within`)."""
+        waits = self._due_step - step
+        if self._timed:
+            waits = min(waits, steps_within(self._due_time - self.clock(), step_s))
+        return 0 if waits < 2 else int(min(waits, 1e9))
 
     def _plan(self) -> None:
         """When the next save is due, worked out once per save or measurement."""

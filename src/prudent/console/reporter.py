@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.console.settings import ConsoleSettings
 from prudent.events import Component
+from prudent.pace import StepPace, steps_within
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -42,20 +43,24 @@ class ConsoleReporter(Component):
         self._task: Any = None
         self._next_update = 0.0
         self._rate = _Rate()
+        self._pace = StepPace()
 
     # events -------------------------------------------------------------------------------
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
-        now = time.monotonic()
-        if now < self._next_update:
-            return
-        self._rate.add(now, run.state.step)
-        if self.mode == "rich":
-            self._update_bar(run)
-            self._next_update = now + self._REFRESH_S
-        else:
-            if self._next_update:  # not on the very first step
-                self._print(self._status_line(run))
-            self._next_update = now + self.settings.interval_s
+        now, step = time.monotonic(), run.state.step
+        if now >= self._next_update:
+            self._rate.add(now, step)
+            if self.mode == "rich":
+                self._update_bar(run)
+                self._next_update = now + self._REFRESH_S
+            else:
+                if self._next_update:  # not on the very first step
+                    self._print(self._status_line(run))
+                self._next_update = now + self.settings.interval_s
+        # the steps before the next refresh pass without a call (the kernel counts them)
+        waits = steps_within(self._next_update - now, self._pace.seen(step, now))
+        if waits:
+            run.sleep_until(self, step + waits)
 
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         values = " ".join(f"{k}={_fmt(v)}" for k, v in metrics.items())

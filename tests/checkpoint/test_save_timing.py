@@ -1,0 +1,65 @@
+"""Periodic saves land on the step they are due, although the checkpointer's per-step handler
+sleeps between them (the kernel compares one number a step instead of calling it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import prudent
+from prudent.checkpoint.manager import Checkpointer
+from prudent.checkpoint.schedule import SaveSchedule
+from prudent.events import Event
+from prudent.store import Store
+from prudent.testing import FakeClock, make_settings
+
+
+def _train(tmp_path: Path, every: str, steps: int, clock: Any = None) -> tuple[list[int], int]:
+    """The steps periodic saves were taken at, and how often the checkpointer's STEP_END
+    handler ran."""
+    settings = make_settings(tmp_path, checkpoint={"every": every, "at_epoch_end": False,
+                                                   "mode": "sync"})
+    run = prudent.init(name="timing", settings=settings, exit_on_stop=False)
+    checkpointer = next(c for c in run.context.components if isinstance(c, Checkpointer))
+    if clock is not None:
+        checkpointer.schedule = SaveSchedule(every, at_epoch_end=False, mtbi="6h", clock=clock)
+    calls = [0]
+
+    def counted(handler: Any) -> Any:
+        if getattr(handler, "__self__", None) is not checkpointer:
+            return handler
+
+        def call(*args: Any) -> None:
+            calls[0] += 1
+            handler(*args)
+        return call
+
+    run.context.wrap_handlers(counted, [Event.STEP_END])
+    weights = torch.zeros(4)
+    run.attach(weights=weights)
+    with run:
+        for _ in run.steps(steps):
+            weights.add_(1.0)
+            if clock is not None:
+                clock.advance(1.0)  # each step takes a second
+            run.step(loss=1.0)
+    store = Store.open(settings.store)
+    saved = [e["step"] for e in store.events(run.id) if e["name"] == "saved"]
+    store.close()
+    return saved, calls[0]
+
+
+def test_step_counted_saves_are_exact_and_the_handler_sleeps_between(tmp_path: Path) -> None:
+    saved, calls = _train(tmp_path, "20steps", 100)
+    assert saved == [20, 40, 60, 80, 100]
+    assert calls <= 12  # a look at each save (and the step after it), not 100
+
+
+@pytest.mark.parametrize("every_s", [10, 7])
+def test_timed_saves_are_taken_on_the_step_they_fall_due(tmp_path: Path, every_s: int) -> None:
+    saved, calls = _train(tmp_path, f"{every_s}s", 60, FakeClock())
+    assert saved == list(range(every_s, 61, every_s))  # as a look at every step would find
+    assert calls < 45
