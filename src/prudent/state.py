@@ -15,7 +15,9 @@ class RunState:
     ``step`` counts completed ``run.step()`` calls over the whole run; ``epoch`` is the epoch
     in progress (0-based); ``batches_in_epoch`` is how many batches of it were consumed;
     ``epoch_rng`` holds the generator states the epoch's shuffle order was drawn from;
-    ``num_steps`` is the ``n`` of ``run.steps(n)`` (None for an epoch loop).
+    ``num_steps`` is the planned number of optimizer steps: the ``n`` of ``run.steps(n)``, or
+    a framework adapter's plan (``max_steps``, or epochs x optimizer steps per epoch); None for
+    an epoch loop of one's own, whose plan is ``num_epochs`` x ``batches_per_epoch``.
     """
 
     step: int = 0

@@ -54,3 +54,13 @@ def test_a_stale_catalog_price_says_so_in_the_projection() -> None:
     stale = price_for("gcp:a2-highgpu-1g", None, spot=False)  # a provider list price of 2025
     assert stale is not None and "days old" in stale.source
     assert "prudent catalog import" in stale.source  # how to refresh it
+
+
+def test_a_frameworks_plan_in_optimizer_steps_wins_over_epochs_times_batches() -> None:
+    """Lightning with accumulate_grad_batches=4 over 10 epochs of 100 batches plans 250
+    optimizer steps, and a step is timed from one optimizer step to the next: epochs x batches
+    x step would project 4x the time (Hugging Face's max_steps ends mid-epoch the same way)."""
+    framework = {**RECORD, "num_steps": 250}
+    p = project(framework, speedup=None, price=Price(2.0, "--price-per-hour"), device="cpu")
+    assert p.hours == pytest.approx((250 * 0.01 + 10 * 2.0) / 3600)
+    assert p.num_steps == 250 and p.num_epochs == 10

@@ -50,3 +50,14 @@ def test_an_iteration_loop_is_projected_and_headed_in_steps() -> None:
     assert check.status == "pass" and "full run: 200 steps x 16.0 ms = 3 s" in check.summary
     assert as_text(out, [check]).startswith("preflight of python nanogpt.py (16 of 200 steps, ")
     assert "epoch" not in check.summary
+
+
+def test_a_frameworks_step_plan_is_shown_as_optimizer_steps_plus_evaluation() -> None:
+    record = {"step_s": 0.02, "num_epochs": 3, "batches_per_epoch": 400, "num_steps": 300,
+              "epochs": [{"epoch": 0, "tail_s": 1.5}], "steps": [{}] * 16, "memory": {}}
+    out = PreflightResult(["python", "train_lightning.py"], steps=8, seconds=14.0)
+    out.phases["smoke"] = PhaseResult("smoke", 0, 5.0, record)
+    check = projection_check(out, project(record, speedup=None, price=None, device="cpu"))
+    assert check.status == "pass"
+    assert "full run: 300 optimizer steps x 20.0 ms + 3 epochs x 1.50 s evaluation = 10 s" \
+        in check.summary, check.summary

@@ -72,13 +72,16 @@ def project(record: dict[str, Any], *, speedup: float | None, price: Price | Non
     tail = tails[-1] if tails else 0.0  # the last epoch's: the first one's includes the data scan
     step_s, epochs, batches = record.get("step_s"), record.get("num_epochs"), record.get(
         "batches_per_epoch")
-    num_steps = record.get("num_steps") if epochs is None else None
+    # the planned optimizer steps, where known: run.steps(n), or a framework's own plan (Hugging
+    # Face's max_steps, Lightning's estimate with gradient accumulation), which epochs x
+    # batches would overstate (a step there is several batches, or the run ends mid-epoch)
+    num_steps = record.get("num_steps")
     factor = speedup or 1.0
     hours = None
-    if step_s and epochs and batches:
+    if step_s and num_steps:
+        hours = (num_steps * step_s + (epochs or 0) * tail) / factor / 3600
+    elif step_s and epochs and batches:
         hours = epochs * (batches * step_s + tail) / factor / 3600
-    elif step_s and num_steps:
-        hours = num_steps * step_s / factor / 3600
     memory = record.get("memory", {})
     return Projection(step_s, tail, epochs, batches, num_steps, factor, hours, price,
                       hours * price.usd_per_hour if hours is not None and price else None,

@@ -31,6 +31,9 @@ def projection_check(result: PreflightResult, projection: Projection | None) -> 
     if p.num_epochs is None and p.num_steps:
         plan = (f"{p.num_steps} steps x {p.step_s * 1000:.1f} ms{speed} = "
                 f"{_duration(p.hours)}")
+    elif p.num_steps:  # a framework's plan in optimizer steps, over epochs
+        plan = (f"{p.num_steps} optimizer steps x {p.step_s * 1000:.1f} ms + {p.num_epochs} "
+                f"epochs x {p.epoch_tail_s:.2f} s evaluation{speed} = {_duration(p.hours)}")
     else:
         plan = (f"{p.num_epochs} epochs x {p.batches_per_epoch} batches x "
                 f"{p.step_s * 1000:.1f} ms + {p.epoch_tail_s:.2f} s evaluation per epoch{speed}"
