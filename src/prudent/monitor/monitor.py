@@ -126,8 +126,12 @@ class Monitor(Component):
         skipper = self._skipper
         if skipper is None:
             return
-        self._judged_step = run.state.step + 1
-        self._judge_loss(run, loss)
+        step = self._judged_step = run.state.step + 1
+        value = run.host_scalar(loss)  # _judge_loss, inlined: every step of a native loop
+        if value.__class__ is not float:
+            self._judge_device_loss(run, step, value)
+        elif value > skipper.skip_above:  # an outlier, maybe (NaN compares False)
+            self._judge_update(run, step, value)
 
     def _judge_loss(self, run: RunContext, loss: Any) -> None:
         skipper = self._skipper
