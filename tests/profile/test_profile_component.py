@@ -162,6 +162,18 @@ def test_window_past_the_end_is_reported_at_the_first_step_and_training_goes_on(
     assert not list(run.context.run_dir.glob("trace-*"))
 
 
+def test_window_past_the_end_of_an_iteration_loop_is_reported(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = make_settings(home, console={"mode": "plain"}, profile={"steps": "50:60"})
+    run = prudent.init(name="t", settings=settings, exit_on_stop=False)
+    with run:
+        for _ in run.steps(30):  # nanoGPT's shape: no epochs, no loader
+            run.step()
+    assert run.status == "completed" and run.state.step == 30
+    assert ("--profile-steps 50:60 was not traced: training ends at step 30 at the latest "
+            "(run.steps(30))") in capsys.readouterr().err
+
+
 def test_window_the_run_stops_inside_keeps_what_was_traced(home: Path) -> None:
     run = train(home, steps=6, window="3:100")
     profile = profiler_of(run).summary

@@ -155,12 +155,18 @@ class Profiler(Component):
         trace, state = self.trace, run.state
         if trace is None or trace.state != "waiting":
             return
-        last = (state.num_epochs or 0) * (state.batches_per_epoch or 0)
+        # the planned optimizer steps where known (run.steps(n), a framework's plan: a step of
+        # gradient accumulation is several batches), else epochs x batches
+        last, plan = state.num_steps or 0, f"run.steps({state.num_steps})"
+        if state.num_steps and state.num_epochs is not None:
+            plan = f"{state.num_steps} optimizer steps planned"
+        elif not last:
+            last = (state.num_epochs or 0) * (state.batches_per_epoch or 0)
+            plan = f"{state.num_epochs} epochs x {state.batches_per_epoch} batches"
         if trace.window.start < step - 1:
             self._skip_trace(run, f"the run resumed at step {step - 1}, after its start")
         elif last and trace.window.start >= last:
-            self._skip_trace(run, f"training ends at step {last} at the latest "
-                             f"({state.num_epochs} epochs x {state.batches_per_epoch} batches)")
+            self._skip_trace(run, f"training ends at step {last} at the latest ({plan})")
 
     # the trace window ---------------------------------------------------------------------
     def _begin_trace(self, run: RunContext, step: int) -> None:
