@@ -132,3 +132,37 @@ def test_sleeping_one_step_ahead_changes_nothing(settings: ProjectSettings) -> N
     _train(run, 4)
     run.context.finish("completed")
     assert sleeper.steps == [1, 2, 3, 4]
+
+
+class LossWatcher(Component):
+    name = "watcher"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, float]] = []
+
+    def on_start(self, ctx: Any) -> None:
+        ctx.watch_loss(self.watched, above=5.0)
+
+    def watched(self, ctx: Any, loss: Any, value: Any) -> None:
+        self.seen.append((ctx.state.step + 1, value))
+
+
+def test_the_loss_watch_calls_only_for_losses_above_its_threshold_or_nan(
+        settings: ProjectSettings) -> None:
+    import math
+
+    import torch
+
+    watcher = LossWatcher()
+    run = prudent.init(name="watch", settings=settings, exit_on_stop=False, components=[watcher])
+    weight = torch.ones(1, requires_grad=True)
+    for value in (1.0, 5.0, 7.0, 2.0, math.nan, 3.0):
+        run.backward((weight * value).sum())
+        run.step()
+    assert [step for step, _ in watcher.seen] == [3, 5]  # 7.0 and NaN; 5.0 is not above 5
+    assert watcher.seen[0][1] == 7.0 and math.isnan(watcher.seen[1][1])
+    run.context.pause([watcher])
+    run.backward((weight * 9.0).sum())  # a paused component's watch is paused with it
+    run.step()
+    run.context.finish("completed")
+    assert len(watcher.seen) == 2 and run.context.loss_watched_step == 6

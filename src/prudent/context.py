@@ -93,6 +93,12 @@ class RunContext:
         self.wake_step: float = math.inf
         self._sleepers: dict[int, tuple[Component, int]] = {}
         self.sleep_requests: list[tuple[Component, int]] = []
+        # the loss watch (watch_loss): a host loss at or below loss_watch_above passes with one
+        # comparison; loss_watched_step is the step whose loss was last compared
+        self.loss_watch_above = math.inf
+        self.loss_watched_step = -1
+        self._loss_watcher: Callable[[RunContext, Any, Any], None] | None = None
+        self._paused_watcher: Callable[[RunContext, Any, Any], None] | None = None
         for component in components:
             self.add_component(component)
         self._signals = SignalStopper(self.request_stop)
@@ -131,6 +137,37 @@ class RunContext:
         effect once the step's handlers have all run.
         """
         self.sleep_requests.append((component, step))
+
+    def watch_loss(self, watcher: Callable[[RunContext, Any, Any], None] | None,
+                   above: float = math.inf) -> None:
+        """Before each backward, call ``watcher(ctx, loss, value)`` only for a loss worth a
+        look: a host number above ``above``, NaN, or a value not on the host (``value`` is
+        then the tensor). Every other step costs one comparison, not a call: for a component
+        that judges each step's loss before the update (loss_spike's skip). Call again to move
+        the threshold; ``None`` stops the watch."""
+        self._loss_watcher, self._paused_watcher, self.loss_watch_above = watcher, None, above
+        self._pause_watch()
+
+    def _pause_watch(self) -> None:
+        """A paused component's loss watch is paused with its handlers (see :meth:`pause`)."""
+        watcher = self._loss_watcher or self._paused_watcher
+        if watcher is not None:
+            paused = id(getattr(watcher, "__self__", None)) in self._paused
+            self._loss_watcher, self._paused_watcher = (None, watcher) if paused else (watcher,
+                                                                                     None)
+
+    def before_backward(self, loss: Any) -> None:
+        """The step's loss, before its backward (the last micro-step's): BEFORE_BACKWARD's
+        handlers, then the loss watch. ``run.backward`` and the adapters whose framework has
+        such a point both end here."""
+        for handler in self.handlers[Event.BEFORE_BACKWARD]:
+            handler(self, loss)
+        watcher = self._loss_watcher
+        if watcher is not None:
+            self.loss_watched_step = self.state.step + 1
+            value = self.host_scalar(loss)
+            if value.__class__ is not float or not value <= self.loss_watch_above:
+                watcher(self, loss, value)
 
     def end_step(self, metrics: dict[str, Any]) -> None:
         """One optimizer step done: counted, STEP_END delivered (the loop's ``run.step`` and
@@ -173,6 +210,7 @@ class RunContext:
         self._paused = self._paused | ids if paused else self._paused - ids
         for event in Event:
             self._refresh(event)
+        self._pause_watch()
 
     def wrap_handlers(self, wrap: Callable[[Callable[..., None]], Callable[..., None]],
                       events: Iterable[Event] = tuple(Event)) -> None:

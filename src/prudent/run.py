@@ -65,7 +65,6 @@ class Run:
         self._warned_counter = False
         handlers = context.handlers
         # the hot path: looked up once
-        self._before_backward = handlers[Event.BEFORE_BACKWARD]
         self._after_backward = handlers[Event.AFTER_BACKWARD]
         self._batch_loaded = handlers[Event.BATCH_LOADED]
 
@@ -248,10 +247,8 @@ class Run:
         step_loss = loss if micro == 1 else self._step_loss.detach() + loss.detach()
         if last is None:
             last = self._micro_per_step is None or micro >= self._micro_per_step
-        if last and self._before_backward:
-            ctx = self.context
-            for handler in self._before_backward:
-                handler(ctx, step_loss)
+        if last:
+            self.context.before_backward(step_loss)
         (self._scaler.scale(loss) if self._scaler is not None else loss).backward()
         self._micro, self._step_loss = micro, step_loss
         if last:

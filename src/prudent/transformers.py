@@ -46,7 +46,6 @@ from typing import Any
 import torch
 
 from prudent.adapters.core import AdapterRun
-from prudent.events import Event
 from prudent.optimizer_step import put_back_step, replace_next_step
 from prudent.stop import StopKind
 
@@ -82,7 +81,6 @@ class PrudentCallback(TrainerCallback):
         self.adapter = AdapterRun("transformers", name, config, exit_on_stop=exit_on_stop,
                                   **init_kwargs)
         self.run = self.adapter.run
-        self._before_backward = self.adapter.ctx.handlers[Event.BEFORE_BACKWARD]
         self._loss: Any = None
         self._in_step = False  # a training forward of this optimizer step was seen
         self._hooks: list[Any] = []
@@ -272,8 +270,7 @@ class PrudentCallback(TrainerCallback):
             # the step's loss, judged before the update (loss_spike's skip), as run.backward()
             # announces it; the Trainer has no hook between forward and backward, so its
             # gradients exist already
-            for handler in self._before_backward:
-                handler(ctx, self._loss)
+            ctx.before_backward(self._loss)
             self.adapter.after_backward(self._loss)
         if inner is not None and vars(inner).get("step") is not before and (
                 self._wrapper is not inner):

@@ -77,13 +77,13 @@ class Monitor(Component):
         self._num_logs = 0
         self._loss_key = self.settings.loss_key
         self._backward_hooked = True  # start-up: norms on every step until a window is measured
-        self._judged_step = -1  # the step whose loss on_before_backward judged
         self._fitted_for: int | None = None  # the planned length the rules were sized to
         self._said_blind: set[str] = set()
         self._skipped: list[Any] = []  # optimizers whose next step is a no-op
         self.best_checkpoint: str | None = None  # early stopping's best evaluation
         spike = self.rules.get("loss_spike")
         self._skipper = spike if spike is not None and "skip" in spike.settings.action else None
+        self._watched_above: float | None = None  # the threshold the kernel's loss watch has
         self._verdict_due: int | None = None  # a check a rule asked for (see _ask_verdicts)
         self._sample_every: int | None = None  # the interval a sooner sample replaced
         self._last_sample: int | None = None
@@ -111,6 +111,9 @@ class Monitor(Component):
                                                                               "webhook_failed", m))
         if "stalled" in self.rules:
             self._start_watchdog(run)
+        if self._skipper is not None:  # before the threshold is known: a device loss is seen
+            self._watched_above = self._skipper.skip_above
+            run.watch_loss(self._loss_watched, self._watched_above)
         if any("rollback" in rule.settings.action for rule in self.rules.values()):
             rollback = self._rollback()
             rollback.state = run.state  # a skip restored from a checkpoint counts its batches
@@ -120,18 +123,30 @@ class Monitor(Component):
         self.stats.attach(objects)
         self._watched.update((id(o), o) for o in objects.values())
 
-    def on_before_backward(self, run: RunContext, loss: Any) -> None:
-        # the hot path: on most steps one comparison of the loss, read where it costs least
-        # (just computed; capture and the record read it from there too)
+    def _loss_watched(self, run: RunContext, loss: Any, value: Any) -> None:
+        """The kernel's loss watch: a loss above loss_spike's skip threshold, NaN, or one on a
+        device (every other step of a loop that announces its loss before backward costs
+        the kernel one comparison, and this component nothing)."""
         skipper = self._skipper
         if skipper is None:
             return
-        step = self._judged_step = run.state.step + 1
-        value = run.host_scalar(loss)  # _judge_loss, inlined: every step of a native loop
+        step = run.state.step + 1
         if value.__class__ is not float:
             self._judge_device_loss(run, step, value)
         elif value > skipper.skip_above:  # an outlier, maybe (NaN compares False)
             self._judge_update(run, step, value)
+
+    def _watch_losses(self, run: RunContext) -> None:
+        """Keep the kernel's loss watch at loss_spike's threshold (it moves at each check);
+        none once the skip is off (a device loss the user would not wait for)."""
+        skipper = self._skipper
+        above = None if skipper is None else skipper.skip_above
+        if above != self._watched_above:
+            self._watched_above = above
+            if above is None:
+                run.watch_loss(None)
+            else:
+                run.watch_loss(self._loss_watched, above)
 
     def _judge_loss(self, run: RunContext, loss: Any) -> None:
         skipper = self._skipper
@@ -146,9 +161,9 @@ class Monitor(Component):
 
     def on_after_backward(self, run: RunContext, loss: Any) -> None:
         step = run.state.step + 1
-        if self._skipper is not None and self._judged_step != step:
-            # an adapter's loop: no BEFORE_BACKWARD, so judged here, and this hook stays on
-            # every step (on_step_end keeps it subscribed: _judged_step is not this step)
+        if self._skipper is not None and run.loss_watched_step != step:
+            # an adapter's loop with no point before backward: judged here, and this hook
+            # stays on every step (on_step_end keeps it subscribed)
             self._judge_loss(run, loss)
         stats = self.stats
         if step >= stats.backward_due:
@@ -165,7 +180,9 @@ class Monitor(Component):
             stats.check_took(time.perf_counter() - started)
             if self._verdict_due is not None:
                 self._check_at(step)
-        if self._skipper is None or self._judged_step == step:
+        if self._skipper is not None:
+            self._watch_losses(run)  # one comparison, unless a check moved the threshold
+        if self._skipper is None or run.loss_watched_step == step:
             # gradients are measured on some steps only: on the others after_backward is not
             # called (when each step's loss is judged after backward, as in an adapter's loop,
             # it is, every step)
@@ -195,6 +212,7 @@ class Monitor(Component):
         if spike is not None and spike.settings.skip_sync and hasattr(loss, "item"):  # type: ignore[attr-defined]
             return float(loss.item())
         self._skipper = None
+        self._watch_losses(run)
         self._say_blind(run, "loss_spike", "loss_spike does not skip outlier updates here: the "
                         "loss is on a device and reading it before each update would make every "
                         "step wait (set monitor.rules.loss_spike.skip_sync: true to allow it); "
