@@ -141,7 +141,7 @@ class LossWatcher(Component):
         self.seen: list[tuple[int, float]] = []
 
     def on_start(self, ctx: Any) -> None:
-        ctx.watch_loss(self.watched, above=5.0)
+        ctx.watch_loss(self, self.watched, above=5.0)
 
     def watched(self, ctx: Any, loss: Any, value: Any) -> None:
         self.seen.append((ctx.state.step + 1, value))

@@ -36,6 +36,9 @@ __all__ = ["RunContext"]
 _HOST_READS = 4  # tensors a step reads whose host value host_scalar remembers
 
 
+LossWatcher = Callable[["RunContext", Any, Any], None]  # (ctx, loss, its host value or tensor)
+
+
 class RunContext:
     """One run as components see it. Built by :func:`prudent.init`; one per run.
 
@@ -97,8 +100,13 @@ class RunContext:
         # comparison; loss_watched_step is the step whose loss was last compared
         self.loss_watch_above = math.inf
         self.loss_watched_step = -1
-        self._loss_watcher: Callable[[RunContext, Any, Any], None] | None = None
-        self._paused_watcher: Callable[[RunContext, Any, Any], None] | None = None
+        self._watches: dict[int, tuple[Component, LossWatcher, float]] = {}
+        self._watchers: list[tuple[LossWatcher, float]] = []  # those not paused
+        # the newest step whose backward was announced, and its loss (for a component that
+        # is not called after every backward: a failure bundle of that step); set by whoever
+        # announces AFTER_BACKWARD (run.backward, an adapter) just before its handlers
+        self.backward_step = -1
+        self.backward_loss: Any = None
         for component in components:
             self.add_component(component)
         self._signals = SignalStopper(self.request_stop)
@@ -138,23 +146,30 @@ class RunContext:
         """
         self.sleep_requests.append((component, step))
 
-    def watch_loss(self, watcher: Callable[[RunContext, Any, Any], None] | None,
+    def watch_loss(self, component: Component, watcher: LossWatcher | None,
                    above: float = math.inf) -> None:
         """Before each backward, call ``watcher(ctx, loss, value)`` only for a loss worth a
         look: a host number above ``above``, NaN, or a value not on the host (``value`` is
-        then the tensor). Every other step costs one comparison, not a call: for a component
-        that judges each step's loss before the update (loss_spike's skip). Call again to move
-        the threshold; ``None`` stops the watch."""
-        self._loss_watcher, self._paused_watcher, self.loss_watch_above = watcher, None, above
-        self._pause_watch()
+        then the tensor). Every other step costs the kernel one comparison for all watchers
+        together, not a call: for components that judge each step's loss before the update
+        (loss_spike's skip, failure capture's non-finite check). Call again to move the
+        threshold; ``watcher=None`` ends ``component``'s watch."""
+        if watcher is None:
+            self._watches.pop(id(component), None)
+        else:
+            self._watches[id(component)] = (component, watcher, above)
+        self._refresh_watches()
 
-    def _pause_watch(self) -> None:
-        """A paused component's loss watch is paused with its handlers (see :meth:`pause`)."""
-        watcher = self._loss_watcher or self._paused_watcher
-        if watcher is not None:
-            paused = id(getattr(watcher, "__self__", None)) in self._paused
-            self._loss_watcher, self._paused_watcher = (None, watcher) if paused else (watcher,
-                                                                                     None)
+    @property
+    def loss_watchers(self) -> tuple[Component, ...]:
+        """The components whose loss watch is on (not paused)."""
+        return tuple(c for c, _, _ in self._watches.values() if id(c) not in self._paused)
+
+    def _refresh_watches(self) -> None:
+        """The watches of components not paused (see :meth:`pause`), and their lowest bar."""
+        self._watchers = [(w, above) for c, w, above in self._watches.values()
+                          if id(c) not in self._paused]
+        self.loss_watch_above = min((above for _, above in self._watchers), default=math.inf)
 
     def before_backward(self, loss: Any) -> None:
         """The step's loss, before its backward (the last micro-step's): BEFORE_BACKWARD's
@@ -162,12 +177,14 @@ class RunContext:
         such a point both end here."""
         for handler in self.handlers[Event.BEFORE_BACKWARD]:
             handler(self, loss)
-        watcher = self._loss_watcher
-        if watcher is not None:
+        watchers = self._watchers
+        if watchers:
             self.loss_watched_step = self.state.step + 1
             value = self.host_scalar(loss)
             if value.__class__ is not float or not value <= self.loss_watch_above:
-                watcher(self, loss, value)
+                for watcher, above in watchers:
+                    if value.__class__ is not float or not value <= above:
+                        watcher(self, loss, value)
 
     def end_step(self, metrics: dict[str, Any]) -> None:
         """One optimizer step done: counted, STEP_END delivered (the loop's ``run.step`` and
@@ -210,7 +227,7 @@ class RunContext:
         self._paused = self._paused | ids if paused else self._paused - ids
         for event in Event:
             self._refresh(event)
-        self._pause_watch()
+        self._refresh_watches()
 
     def wrap_handlers(self, wrap: Callable[[Callable[..., None]], Callable[..., None]],
                       events: Iterable[Event] = tuple(Event)) -> None:

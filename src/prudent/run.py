@@ -257,6 +257,7 @@ class Run:
     def _announce_backward(self) -> None:
         self._announced = True
         ctx, loss = self.context, self._step_loss
+        ctx.backward_step, ctx.backward_loss = ctx.state.step + 1, loss
         for handler in self._after_backward:
             handler(ctx, loss)
 

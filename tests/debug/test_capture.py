@@ -218,3 +218,52 @@ def test_a_late_failure_keeps_the_generators_as_its_step_started(settings: Proje
     (path,) = _bundles(run)
     saved = read_bundle(path).load("run.pt")["rng"]["torch"]
     assert path.name == f"step-{fail_at}" and torch.equal(saved, started)
+
+
+def _steps_with_nan_at(run: prudent.Run, nan_at: int, steps: int, fail_at: int = 0) -> None:
+    weight = torch.ones(3, requires_grad=True)
+    opt = torch.optim.SGD([weight], lr=0.1)
+    run.attach(model=torch.nn.Module(), optimizer=opt)
+    with run:
+        for it in run.steps(steps):
+            loss = (weight * (float("nan") if it + 1 == nan_at else 1.0)).sum()
+            run.backward(loss)
+            if it + 1 == fail_at:
+                raise RuntimeError("broken after backward")
+            opt.step()
+            opt.zero_grad()
+            run.step(loss=loss)
+
+
+def test_a_finite_loss_costs_capture_no_call_and_a_nan_is_still_caught_before_the_update(
+        settings: ProjectSettings) -> None:
+    capture = FailureCapture(settings.debug)
+    run = _run(settings, capture)
+    calls: list[int] = []
+
+    def counted(handler: object) -> object:
+        def call(ctx: object, loss: object) -> None:
+            calls.append(run.state.step + 1)
+            handler(ctx, loss)  # type: ignore[operator]
+        return call if getattr(handler, "__self__", None) is capture else handler
+
+    run.context.wrap_handlers(counted, [prudent.events.Event.AFTER_BACKWARD])  # type: ignore[arg-type]
+    _steps_with_nan_at(run, nan_at=15, steps=20)
+    # the kernel's loss watch compared steps 1-14 alone; from 15 on the weights are NaN
+    assert calls == list(range(15, 21))
+    (path,) = _bundles(run)
+    info = read_bundle(path).info
+    assert path.name == "step-15" and info["state_when"] == "before_update"
+    assert info["phase"] == "after_backward" and info["loss"] == "nan"
+
+
+def test_an_error_after_backward_in_an_iteration_loop_is_bundled_before_the_update(
+        settings: ProjectSettings) -> None:
+    run = _run(settings)
+    with pytest.raises(RuntimeError, match="broken after backward"):
+        _steps_with_nan_at(run, nan_at=0, steps=10, fail_at=6)
+    (path,) = _bundles(run)
+    info = read_bundle(path).info
+    assert path.name == "step-6" and info["phase"] == "after_backward"
+    assert info["state_when"] == "before_update"
+    assert info["loss"] == pytest.approx(1.5, rel=1e-5)  # 3 x (1 - 5 x 0.1): the step's own

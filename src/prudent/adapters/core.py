@@ -178,6 +178,7 @@ class AdapterRun:
     def after_backward(self, loss: Any) -> None:
         """Gradients exist, the optimizer has not stepped: gradient rules and capture."""
         ctx = self.ctx
+        ctx.backward_step, ctx.backward_loss = ctx.state.step + 1, loss
         for handler in self._after_backward:
             handler(ctx, loss)
 

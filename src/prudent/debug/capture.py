@@ -4,7 +4,9 @@ Three triggers, one bundle per failure:
 
 - a non-finite loss or gradient, seen on ``after_backward``: the optimizer has not stepped, so
   the saved weights are the ones that produced it (the monitor's ``non_finite`` rule only sees
-  it at its next check, after the update);
+  it at its next check, after the update). With the loss alone to check (the default), the
+  kernel's loss watch compares each step's loss and calls this component after backward only
+  for one that is not finite;
 - an exception leaving ``with run:`` (``run.capture("error", ...)`` from the kernel);
 - ``run.capture(reason)``: the monitor's ``capture`` action, or the user. From another thread
   (the stall watchdog) the request waits for the loop's next step or the end of the run.
@@ -31,7 +33,7 @@ from prudent.debug.environment import environment, git_state, user_traceback
 from prudent.debug.probe import IndexedBatches, index_list, non_finite_grads, non_finite_rows
 from prudent.debug.settings import DebugSettings
 from prudent.distributed import ranks_from_env
-from prudent.events import Component, EventKind
+from prudent.events import Component, Event, EventKind
 from prudent.rng import capture_rng
 
 if TYPE_CHECKING:
@@ -82,11 +84,32 @@ class FailureCapture(Component):
         self._loop_thread: int | None = None
         self._pending: list[tuple[str, str]] = []
         self._rank = ranks_from_env()
+        # the non-finite check rides on the kernel's loss watch (one comparison a step; this
+        # component is called after backward only for a loss that is not a finite number)
+        # until the loop shows it cannot: a loss that is not a host number, an adapter's loop
+        self._watching = False
 
     # events -------------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
         self._loop_thread = threading.get_ident()
         run.wrap_batches(self._record_indices)
+        if self._check_loss and not self._check_gradients:
+            self._watching = True
+            run.watch_loss(self, self._loss_watched, sys.float_info.max)  # inf is above it
+            run.subscribe(self, Event.AFTER_BACKWARD, False)
+
+    def _loss_watched(self, run: RunContext, loss: Any, value: Any) -> None:
+        if value.__class__ is float:  # NaN or infinite: captured after backward, as ever
+            run.subscribe(self, Event.AFTER_BACKWARD, True)
+            return
+        # a tensor: several numbers (judged after every backward), or one on a device (then
+        # only if the user accepts a wait per step)
+        self._stop_watching(run, every_backward=value.is_cpu or self._check_on_device)
+
+    def _stop_watching(self, run: RunContext, every_backward: bool) -> None:
+        self._watching = False
+        run.watch_loss(self, None)
+        run.subscribe(self, Event.AFTER_BACKWARD, every_backward)
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         seen = {id(p) for _, p in self._params}
@@ -125,6 +148,8 @@ class FailureCapture(Component):
     def on_after_backward(self, run: RunContext, loss: Any) -> None:
         self._phase = "after_backward"
         self._loss = loss  # detached only if a bundle is written
+        if self._watching:
+            run.subscribe(self, Event.AFTER_BACKWARD, False)  # this step only
         if not self._check_loss or "non_finite" in self._kinds_done:
             return  # one bundle per failure: the steps after the first are not new ones
         problem = self._non_finite(run, loss)
@@ -132,7 +157,16 @@ class FailureCapture(Component):
             self._capture(run, "non_finite", problem)
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
-        no_backward = self._phase == "forward"  # the loop called loss.backward() itself
+        step = run.state.step
+        no_backward = run.backward_step != step  # the loop called loss.backward() itself
+        late = "the loop does not call run.backward"
+        if self._watching and run.loss_watched_step != step:
+            # no loss before backward (an adapter's loop, or no run.backward): the loss watch
+            # cannot see it; this step's loss is judged below, the next ones after backward
+            self._stop_watching(run, every_backward=True)
+            if not no_backward:
+                no_backward, metrics = True, {"loss": run.backward_loss}
+                late = "the loop announces its loss after backward only: its first step"
         self._phase = "step_end"
         if self._verifying:
             self._verifying = False
@@ -143,8 +177,8 @@ class FailureCapture(Component):
                 self._loss = loss
                 problem = self._non_finite(run, loss)
                 if problem is not None:  # seen only now, after the update: the bundle says so
-                    self._capture(run, "non_finite", f"{problem} (seen at run.step: the loop "
-                                  "does not call run.backward, so after the update)")
+                    self._capture(run, "non_finite", f"{problem} (seen at run.step: {late}, "
+                                  "so after the update)")
         if self._pending:
             self._take_pending(run)
 
@@ -210,6 +244,9 @@ class FailureCapture(Component):
 
     def _write(self, run: RunContext, kind: str, reason: str, message: str,
                error: BaseException | None) -> None:
+        if self._phase != "after_backward" and run.backward_step == run.state.step + 1:
+            # a step whose backward ran without calling us (the loss watch saw it finite)
+            self._phase, self._loss = "after_backward", run.backward_loss
         in_step = self._phase in ("forward", "after_backward")
         step = run.state.step + 1 if in_step else run.state.step
         info = self._info(run, step, in_step, reason, message, error)

@@ -113,7 +113,7 @@ class Monitor(Component):
             self._start_watchdog(run)
         if self._skipper is not None:  # before the threshold is known: a device loss is seen
             self._watched_above = self._skipper.skip_above
-            run.watch_loss(self._loss_watched, self._watched_above)
+            run.watch_loss(self, self._loss_watched, self._watched_above)
         if any("rollback" in rule.settings.action for rule in self.rules.values()):
             rollback = self._rollback()
             rollback.state = run.state  # a skip restored from a checkpoint counts its batches
@@ -143,10 +143,8 @@ class Monitor(Component):
         above = None if skipper is None else skipper.skip_above
         if above != self._watched_above:
             self._watched_above = above
-            if above is None:
-                run.watch_loss(None)
-            else:
-                run.watch_loss(self._loss_watched, above)
+            run.watch_loss(self, None if above is None else self._loss_watched,
+                           above if above is not None else math.inf)
 
     def _judge_loss(self, run: RunContext, loss: Any) -> None:
         skipper = self._skipper
@@ -180,9 +178,10 @@ class Monitor(Component):
             stats.check_took(time.perf_counter() - started)
             if self._verdict_due is not None:
                 self._check_at(step)
-        if self._skipper is not None:
-            self._watch_losses(run)  # one comparison, unless a check moved the threshold
-        if self._skipper is None or run.loss_watched_step == step:
+        skipper = self._skipper
+        if skipper is not None and skipper.skip_above != self._watched_above:
+            self._watch_losses(run)  # a check (or a restored state) moved the threshold
+        if skipper is None or run.loss_watched_step == step:
             # gradients are measured on some steps only: on the others after_backward is not
             # called (when each step's loss is judged after backward, as in an adapter's loop,
             # it is, every step)
