@@ -102,9 +102,7 @@ class RunContext:
         self.loss_watched_step = -1
         self._watches: dict[int, tuple[Component, LossWatcher, float]] = {}
         self._watchers: list[tuple[LossWatcher, float]] = []  # those not paused
-        # the newest step whose backward was announced, and its loss (for a component that
-        # is not called after every backward: a failure bundle of that step); set by whoever
-        # announces AFTER_BACKWARD (run.backward, an adapter) just before its handlers
+        # the newest step whose backward was announced, and its loss (see after_backward)
         self.backward_step = -1
         self.backward_loss: Any = None
         for component in components:
@@ -186,6 +184,14 @@ class RunContext:
                     if value.__class__ is not float or not value <= above:
                         watcher(self, loss, value)
 
+    def after_backward(self, loss: Any) -> None:
+        """The step's gradients exist, its update has not been made: noted (a component not
+        called after every backward still knows this step's backward and loss), then
+        AFTER_BACKWARD's handlers. ``run.backward`` and the adapters both end here."""
+        self.backward_step, self.backward_loss = self.state.step + 1, loss
+        for handler in self.handlers[Event.AFTER_BACKWARD]:
+            handler(self, loss)
+
     def end_step(self, metrics: dict[str, Any]) -> None:
         """One optimizer step done: counted, STEP_END delivered (the loop's ``run.step`` and
         the adapters' per-step hook both end here)."""
@@ -207,6 +213,9 @@ class RunContext:
                 self._sleepers[id(component)] = (component, until)
                 self.subscribe(component, Event.STEP_END, False)
         self.sleep_requests.clear()
+        self._next_wake()
+
+    def _next_wake(self) -> None:
         self.wake_step = min((until for _, until in self._sleepers.values()), default=math.inf)
 
     def _wake_sleepers(self, step: int) -> None:
@@ -214,7 +223,7 @@ class RunContext:
             if until <= step:
                 del self._sleepers[key]
                 self.subscribe(component, Event.STEP_END, True)
-        self.wake_step = min((until for _, until in self._sleepers.values()), default=math.inf)
+        self._next_wake()
 
     def is_subscribed(self, component: Component, event: Event) -> bool:
         return any(c is component for c, _ in self._registered[event]) and (

@@ -63,10 +63,7 @@ class Run:
         self._positioned = False  # run.batches or run.steps put the loop where it was
         self._counter_read = False  # the loop read run.state (it continues its own count)
         self._warned_counter = False
-        handlers = context.handlers
-        # the hot path: looked up once
-        self._after_backward = handlers[Event.AFTER_BACKWARD]
-        self._batch_loaded = handlers[Event.BATCH_LOADED]
+        self._batch_loaded = context.handlers[Event.BATCH_LOADED]  # the hot path: looked up once
 
     # who and where ------------------------------------------------------------------------
     @property
@@ -256,10 +253,7 @@ class Run:
 
     def _announce_backward(self) -> None:
         self._announced = True
-        ctx, loss = self.context, self._step_loss
-        ctx.backward_step, ctx.backward_loss = ctx.state.step + 1, loss
-        for handler in self._after_backward:
-            handler(ctx, loss)
+        self.context.after_backward(self._step_loss)
 
     def step(self, **metrics: Any) -> None:
         """End of one optimisation step: metrics (numbers or 0-d tensors), rules, stop checks."""

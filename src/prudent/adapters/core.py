@@ -48,9 +48,7 @@ class AdapterRun:
         self.stop: StopReason | None = None  # the stop taken, once the framework was told
         self._batch_end: float | None = None
         self._watched: set[int] = set()
-        handlers = self.ctx.handlers
-        self._batch_loaded = handlers[Event.BATCH_LOADED]
-        self._after_backward = handlers[Event.AFTER_BACKWARD]
+        self._batch_loaded = self.ctx.handlers[Event.BATCH_LOADED]
 
     # what the callback reads ----------------------------------------------------------------
     @property
@@ -177,10 +175,7 @@ class AdapterRun:
 
     def after_backward(self, loss: Any) -> None:
         """Gradients exist, the optimizer has not stepped: gradient rules and capture."""
-        ctx = self.ctx
-        ctx.backward_step, ctx.backward_loss = ctx.state.step + 1, loss
-        for handler in self._after_backward:
-            handler(ctx, loss)
+        self.ctx.after_backward(loss)
 
     def step_end(self, **metrics: Any) -> StopReason | None:
         """One optimizer step done: metrics, rules, checkpoint when due, budget, preemption.

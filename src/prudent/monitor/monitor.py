@@ -111,9 +111,7 @@ class Monitor(Component):
                                                                               "webhook_failed", m))
         if "stalled" in self.rules:
             self._start_watchdog(run)
-        if self._skipper is not None:  # before the threshold is known: a device loss is seen
-            self._watched_above = self._skipper.skip_above
-            run.watch_loss(self, self._loss_watched, self._watched_above)
+        self._watch_losses(run)  # before the threshold is known too: a device loss is seen
         if any("rollback" in rule.settings.action for rule in self.rules.values()):
             rollback = self._rollback()
             rollback.state = run.state  # a skip restored from a checkpoint counts its batches
@@ -127,14 +125,7 @@ class Monitor(Component):
         """The kernel's loss watch: a loss above loss_spike's skip threshold, NaN, or one on a
         device (every other step of a loop that announces its loss before backward costs
         the kernel one comparison, and this component nothing)."""
-        skipper = self._skipper
-        if skipper is None:
-            return
-        step = run.state.step + 1
-        if value.__class__ is not float:
-            self._judge_device_loss(run, step, value)
-        elif value > skipper.skip_above:  # an outlier, maybe (NaN compares False)
-            self._judge_update(run, step, value)
+        self._judge_value(run, value)
 
     def _watch_losses(self, run: RunContext) -> None:
         """Keep the kernel's loss watch at loss_spike's threshold (it moves at each check);
@@ -147,11 +138,14 @@ class Monitor(Component):
                            above if above is not None else math.inf)
 
     def _judge_loss(self, run: RunContext, loss: Any) -> None:
+        self._judge_value(run, run.host_scalar(loss))
+
+    def _judge_value(self, run: RunContext, value: Any) -> None:
+        """The step's loss (a host number, or a tensor on a device) before its update."""
         skipper = self._skipper
         if skipper is None:
             return
         step = run.state.step + 1
-        value = run.host_scalar(loss)
         if value.__class__ is not float:
             self._judge_device_loss(run, step, value)
         elif value > skipper.skip_above:  # an outlier, maybe (NaN compares False)
