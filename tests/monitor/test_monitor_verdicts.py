@@ -218,3 +218,39 @@ def test_after_a_rollback_divergence_forgets_the_losses_it_took_back() -> None:
     rolled = rule_after_spike()
     rolled.rolled_back()
     assert rolled.check(calm) is None
+
+
+def _noisy_plateau_with_a_dip(seed: int) -> list[float]:
+    """healthy_noisy's shape: batches of 4 with wrong labels (per-step noise sigma ~0.6), a
+    plateau at 1.55 from step 450, and 50 steps of easier batches after the reshuffle."""
+    noise = random.Random(seed)
+    losses = []
+    for step in range(1, 1801):
+        level = 2.3 - 0.75 * min(step, 450) / 450 - (0.35 if 925 <= step < 975 else 0.0)
+        losses.append(max(0.05, level + noise.gauss(0, 0.6)))
+    return losses
+
+
+def _divergence_fires_at(losses: list[float], every: int = 10) -> int | None:
+    rule = DivergenceRule(DivergenceRule.Settings(warmup_steps=0))
+    for first in range(0, len(losses), every):
+        steps = list(range(first + 1, min(first + every, len(losses)) + 1))
+        found = rule.check(Window(steps=steps, loss=losses[first:first + every]))
+        if found is not None:
+            return found.step
+    return None
+
+
+def test_a_return_to_the_plateau_after_a_lucky_dip_is_no_divergence(monkeypatch: Any) -> None:
+    from prudent.monitor.rules import progress
+
+    # the best smoothed loss is the lowest of ~180 noisy means: it takes two standard errors
+    # of luck off it (checks every 10 steps, as on a fast machine, saw the most of them)
+    assert [_divergence_fires_at(_noisy_plateau_with_a_dip(seed)) for seed in range(10)] == \
+        [None] * 10
+    monkeypatch.setattr(progress, "NOISE_SIGMAS", 0.0)  # the best taken at face value
+    fired = [_divergence_fires_at(_noisy_plateau_with_a_dip(seed)) for seed in range(10)]
+    assert sum(at is not None for at in fired) >= 5, fired
+    # the noise is read from step-to-step differences: a steady climb is no noise
+    assert progress._noise([0.01 * s for s in range(50)]) < 1e-3
+    assert 0.08 < progress._noise(_noisy_plateau_with_a_dip(0)[500:550]) < 0.13

@@ -212,7 +212,8 @@ class DivergenceRule(Rule):
     needs = frozenset({"steps"})
     Settings = DivergenceSettings
     settings: DivergenceSettings
-    state_fields = ("recent", "start", "best", "best_step", "lr_peak", "lr_at_best")
+    state_fields = ("recent", "start", "best", "best_step", "best_noise", "lr_peak",
+                    "lr_at_best")
 
     def __init__(self, settings: DivergenceSettings | None = None) -> None:
         super().__init__(settings)
@@ -220,6 +221,7 @@ class DivergenceRule(Rule):
         self.start: float | None = None
         self.best: float | None = None
         self.best_step = 0
+        self.best_noise = 0.0  # the standard error of the best smoothed loss (see _noise)
         self.lr_peak: float | None = None  # the largest learning rate read so far
         self.lr_at_best: float | None = None  # ... by the step of the best smoothed loss
         self._climbing = False  # the learning rate is lr_climb x lr_at_best or more, now
@@ -261,24 +263,34 @@ class DivergenceRule(Rule):
         if self._allowed is None or not self.active_at(step):
             return None
         best, allowed, smoothed = self.best, self._allowed, self._smoothed
-        newer = _interquartile_mean(list(self.recent)[len(self.recent) // 2:])
-        if newer <= best + allowed or smoothed <= best + allowed / 2:  # type: ignore[operator]
+        half = list(self.recent)[len(self.recent) // 2:]
+        newer = _interquartile_mean(half)
+        margin = allowed + self._luck()
+        if newer <= best + margin or smoothed <= best + allowed / 2:  # type: ignore[operator]
             return None
-        return Finding(step, newer, best + allowed, (  # type: ignore[operator]
+        return Finding(step, newer, best + margin, (  # type: ignore[operator]
             f"loss diverged: {fmt(newer)} at step {step} (mean of the middle half of the last "
             f"{len(self.recent) - len(self.recent) // 2} steps; of the last {len(self.recent)}: "
             f"{fmt(smoothed)}), up from its best {fmt(best)} at step {self.best_step}; it "
-            f"started at {fmt(self.start)} (threshold {fmt(best + allowed)}"  # type: ignore[operator]
+            f"started at {fmt(self.start)} (threshold {fmt(best + margin)}"  # type: ignore[operator]
             f"{self._lr_note()})"))
+
+    def _luck(self) -> float:
+        """How much luck the best holds: it is the lowest of many noisy smoothed losses, so
+        it sits below the level the run truly reached (a batch-of-4 loss on noisy labels dips
+        for a few dozen steps, then goes back to its plateau: a rise from the dip is no
+        divergence). Two standard errors of the best's window; a smooth loss has little."""
+        return NOISE_SIGMAS * self.best_noise
 
     def _judge(self, step: int, smoothed: float) -> Finding | None:
         # the start and the best count from the first steps; only firing waits for warm-up
         if self.start is None or self.best is None:
             self.start = self.best = smoothed
-            self.best_step = step
+            self.best_step, self.best_noise = step, _noise(self.recent)
         if smoothed < self.best or self.lr_at_best is None:
             if smoothed < self.best:
                 self.best, self.best_step = smoothed, step
+                self.best_noise = _noise(self.recent)
             self.lr_at_best = self.lr_peak
         self._allowed = None
         if not self.active_at(step):
@@ -288,12 +300,13 @@ class DivergenceRule(Rule):
         if self._climbing:
             allowed /= 2
         self._allowed, self._smoothed = allowed, smoothed
-        if smoothed <= self.best + allowed:
+        threshold = self.best + allowed + self._luck()
+        if smoothed <= threshold:
             return None
-        return Finding(step, smoothed, self.best + allowed, (
+        return Finding(step, smoothed, threshold, (
             f"loss diverged: {fmt(smoothed)} at step {step} (mean of the middle half of the last "
             f"{s.window} steps), up from its best {fmt(self.best)} at step {self.best_step}; it "
-            f"started at {fmt(self.start)} (threshold {fmt(self.best + allowed)}"
+            f"started at {fmt(self.start)} (threshold {fmt(threshold)}"
             f"{self._lr_note()})"))
 
     def _lr_note(self) -> str:
@@ -318,6 +331,25 @@ def _watched(metrics: dict[str, float]) -> str | None:
     if "val_loss" in metrics:
         return "val_loss"
     return next((k for k in metrics if k.startswith("val_")), None)
+
+
+NOISE_SIGMAS = 2.0  # divergence: standard errors of luck taken off the best (see _luck)
+
+
+def _noise(values: deque[float] | list[float]) -> float:
+    """The standard error of the interquartile mean of ``values``, from their step-to-step
+    noise: the median absolute deviation of the differences of neighbours from their median
+    (robust to a hard batch, and a trend only shifts the differences) is 0.6745 x sqrt(2)
+    sigma for a normal noise. An interquartile mean's variance is ~1.2 sigma^2 / n."""
+    n = len(values)
+    if n < 4:
+        return 0.0
+    ordered = list(values)
+    jumps = sorted(b - a for a, b in zip(ordered, ordered[1:]))
+    middle = jumps[len(jumps) // 2]
+    deviations = sorted(abs(jump - middle) for jump in jumps)
+    sigma = deviations[len(deviations) // 2] / (0.6745 * math.sqrt(2))
+    return 1.1 * sigma / math.sqrt(n)
 
 
 def _interquartile_mean(values: deque[float] | list[float]) -> float:
