@@ -13,8 +13,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "prudent"
 # The kernel: what a Run needs to exist. Everything else is a plug-in or a command.
 KERNEL = {
     "prudent", "prudent.context", "prudent.data", "prudent.errors", "prudent.events",
-    "prudent.lazy", "prudent.rng", "prudent.run", "prudent.signals", "prudent.state",
-    "prudent.stop", "prudent.store", "prudent.store_writer", "prudent.units",
+    "prudent.lazy", "prudent.loop_times", "prudent.rng", "prudent.run", "prudent.signals",
+    "prudent.state", "prudent.stop", "prudent.store", "prudent.store_writer", "prudent.units",
 }
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from prudent.errors import StopRun, StoreError
 from prudent.events import Component, Event, EventKind
+from prudent.loop_times import LoopTimes
 from prudent.signals import SignalStopper
 from prudent.state import RunState
 from prudent.stop import ExitCode, StopKind, StopReason
@@ -105,6 +106,10 @@ class RunContext:
         # the newest step whose backward was announced, and its loss (see after_backward)
         self.backward_step = -1
         self.backward_loss: Any = None
+        # the loop's timestamps (keep_loop_times): None while no component reads them
+        self.loop_times: LoopTimes | None = None
+        self._loop_times = LoopTimes()
+        self._time_keepers: dict[int, Component] = {}
         for component in components:
             self.add_component(component)
         self._signals = SignalStopper(self.request_stop)
@@ -158,6 +163,22 @@ class RunContext:
             self._watches[id(component)] = (component, watcher, above)
         self._refresh_watches()
 
+    def keep_loop_times(self, component: Component, on: bool = True) -> LoopTimes:
+        """Have the kernel note when each batch arrives and each step ends (``loop_times``),
+        for ``component`` to read in bulk (``take()``) instead of a handler per batch and per
+        step; ``on=False`` when it no longer reads them. While no reader is on (or all are
+        paused), nothing is noted."""
+        if on:
+            self._time_keepers[id(component)] = component
+        else:
+            self._time_keepers.pop(id(component), None)
+        self._refresh_loop_times()
+        return self._loop_times
+
+    def _refresh_loop_times(self) -> None:
+        kept = any(key not in self._paused for key in self._time_keepers)
+        self.loop_times = self._loop_times if kept else None
+
     @property
     def loss_watchers(self) -> tuple[Component, ...]:
         """The components whose loss watch is on (not paused)."""
@@ -195,6 +216,9 @@ class RunContext:
     def end_step(self, metrics: dict[str, Any]) -> None:
         """One optimizer step done: counted, STEP_END delivered (the loop's ``run.step`` and
         the adapters' per-step hook both end here)."""
+        times = self.loop_times
+        if times is not None:  # before any handler: the step's own end
+            times.step_ended(time.perf_counter(), metrics)
         state = self.state
         state.step += 1
         if state.step >= self.wake_step:
@@ -237,6 +261,7 @@ class RunContext:
         for event in Event:
             self._refresh(event)
         self._refresh_watches()
+        self._refresh_loop_times()
 
     def wrap_handlers(self, wrap: Callable[[Callable[..., None]], Callable[..., None]],
                       events: Iterable[Event] = tuple(Event)) -> None:

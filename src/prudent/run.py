@@ -205,8 +205,12 @@ class Run:
                 batch = next(iterator)
             except StopIteration:
                 return
-            wait_s = clock() - started
+            loaded = clock()
+            wait_s = loaded - started
             state.batches_in_epoch += 1
+            times = ctx.loop_times
+            if times is not None:
+                times.batch_loaded(loaded, wait_s, batch)
             for handler in on_loaded:
                 handler(ctx, batch, wait_s)
             yield batch

@@ -112,6 +112,42 @@ def test_tokens_passed_to_step_give_tokens_per_second(home: Path) -> None:
     assert throughput["tokens_per_s"] == pytest.approx(512 * throughput["steps_per_s"], rel=1e-3)
 
 
+def test_on_a_cpu_the_profiler_sleeps_and_times_the_kernels_stamps_in_bulk(home: Path) -> None:
+    """The kernel notes each batch and step end; the profiler, called on a few steps only,
+    still counts every step, sample and token, and its split adds up to the run's time."""
+    from prudent.events import Event
+
+    settings = make_settings(home, profile={"interval_s": 60}, checkpoint={"enabled": False},
+                             monitor={"enabled": False})  # a loss of 0 learns nothing
+    run = prudent.init(name="t", settings=settings, exit_on_stop=False)
+    profiler = profiler_of(run)
+    calls: list[str] = []
+    run.context.wrap_handlers(lambda handler: handler if getattr(handler, "__self__", None)
+                              is not profiler else _counted(handler, calls),
+                              (Event.BATCH_LOADED, Event.STEP_END))
+    started = time.perf_counter()
+    with run:
+        for _ in run.epochs(2):
+            for _x in run.batches(SleepyLoader(1500, batch=6)):
+                run.step(loss=0.0, tokens=10)
+    took = time.perf_counter() - started
+    assert run.state.step == 3000 and "on_batch_loaded" not in calls
+    assert 3 <= calls.count("on_step_end") <= 30  # the first step, then every <= 1024 steps
+    summary = profiler.summary
+    assert summary is not None and summary["num_steps"] == 3000
+    assert summary["throughput"]["batch_size"] == 6
+    assert summary["throughput"]["tokens_per_s"] == pytest.approx(
+        10 * summary["throughput"]["steps_per_s"], rel=1e-3)
+    assert 0.5 * took < sum(row["s"] for row in summary["breakdown"].values()) <= took
+
+
+def _counted(handler: Any, calls: list[str]) -> Any:
+    def counted(*args: Any) -> None:
+        calls.append(handler.__name__)
+        handler(*args)
+    return counted
+
+
 def test_a_failed_run_still_gets_its_profile(home: Path) -> None:
     with pytest.raises(RuntimeError, match="boom"):
         train(home, steps=10, fail_at=6)

@@ -136,3 +136,52 @@ def test_a_step_that_waited_for_the_device_can_be_left_out_of_the_outlier_search
 ])
 def test_batch_size_is_inferred_from_the_first_tensor(batch: object, size: int) -> None:
     assert batch_size(batch) == size
+
+
+def test_the_kernels_stamps_replayed_in_bulk_time_the_steps_as_calls_would() -> None:
+    """StepTimer.replay (the profiler asleep, the kernel's LoopTimes taken every few hundred
+    steps) ends where a call per batch and per step ends: the split, the step count, the
+    outliers with their steps; on plain steps, on gradient accumulation, on a batch whose
+    step has not ended when the stamps are taken, with evaluations in between."""
+    import random
+
+    rng = random.Random(0)
+    direct, bulk = StepTimer(warmup_steps=2), StepTimer(warmup_steps=2)
+    for timer in (direct, bulk):
+        timer.start(0.0)
+    loaded: list[float] = []
+    ended: list[float] = []
+    t = 1.0
+    for step in range(3 * CHUNK):
+        micro = 2 if 1000 <= step < 1100 else 1  # a stretch of gradient accumulation
+        for _ in range(micro):
+            wait = rng.uniform(0.001, 0.003) * (20 if step % 500 == 250 else 1)  # outliers
+            t += rng.uniform(0, 1e-4) + wait
+            direct.batch_loaded(t, wait, 0)
+            loaded += (t, wait)
+            t += rng.uniform(0.005, 0.006)
+        direct.step_end(t)
+        ended.append(t)
+        if rng.random() < 0.01 or step % 300 == 299:
+            if rng.random() < 0.3:  # stamps taken mid-step (run.log inside a step)
+                t += 0.001
+                direct.batch_loaded(t, 0.0005, 0)
+                loaded += (t, 0.0005)
+                bulk.replay(loaded, ended)
+                loaded, ended = [], []
+                t += 0.004
+                direct.step_end(t)
+                ended.append(t)
+            bulk.replay(loaded, ended)
+            loaded, ended = [], []
+            t += 0.01
+            for timer in (direct, bulk):
+                timer.logged(t)  # an evaluation after the step
+    bulk.replay(loaded, ended)
+    for timer in (direct, bulk):
+        timer.finish(t + 0.01)
+    assert bulk.breakdown() == pytest.approx(direct.breakdown(), rel=1e-9)
+    assert (bulk.num_steps, bulk.num_evals) == (direct.num_steps, direct.num_evals)
+    assert [o.step for o in bulk.outliers] == [o.step for o in direct.outliers]
+    assert len(direct.outliers) >= 5
+    assert bulk.step_time() == pytest.approx(direct.step_time(), rel=1e-9)

@@ -170,6 +170,9 @@ class AdapterRun:
         wait_s = now - self._batch_end if self._batch_end is not None else 0.0
         ctx = self.ctx
         ctx.state.batches_in_epoch += 1
+        times = ctx.loop_times
+        if times is not None:
+            times.batch_loaded(now, wait_s, batch)
         for handler in self._batch_loaded:
             handler(ctx, batch, wait_s)
 

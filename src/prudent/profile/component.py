@@ -1,10 +1,11 @@
 """Profiler: the component that times every step, samples the system and says what to change.
 
-On the training thread it only reads ``time.perf_counter()`` and adds floats (see
-:class:`StepTimer`); the system sampler is a thread of its own; the diagnosis, the summary
-event, ``profile.json`` and the console line happen once, at the end. It should be the first
-component: then its ``on_step_end`` marks the end of the user's compute before other
-components' handlers (a synchronous checkpoint save among them) take their time.
+On the training thread it costs the loop next to nothing: the kernel notes when each batch
+arrives and each step ends (:class:`~prudent.loop_times.LoopTimes`), and the profiler,
+asleep in between, hands those stamps to its :class:`StepTimer` every few hundred steps or
+fractions of a sampling interval (on a GPU it is called every step instead: it must sync the
+device on some). The system sampler is a thread of its own; the diagnosis, the summary event,
+``profile.json`` and the console line happen once, at the end.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from prudent.events import Component, EventKind
+from prudent.events import Component, Event, EventKind
+from prudent.loop_times import TOKENS, LoopTimes, batch_size, token_count
+from prudent.pace import StepPace, steps_within
 from prudent.profile.diagnosis import Facts, diagnose
 from prudent.profile.sampler import MB, SystemSampler
 from prudent.profile.settings import ProfileSettings
 from prudent.profile.summary import build_summary, summary_line
-from prudent.profile.timer import StepTimer, batch_size
+from prudent.profile.timer import CHUNK, StepTimer
 from prudent.profile.trace import TraceWindow
 
 if TYPE_CHECKING:
@@ -29,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["PROFILE_METRICS", "Profiler"]
 
 clock = time.perf_counter
-TOKENS = "tokens"  # run.step(tokens=n) counts tokens for tokens/s
 PROFILE_METRICS = "profile/"  # the sampler's series in the store: profile/cpu_pct, ...
 
 
@@ -56,20 +58,41 @@ class Profiler(Component):
         self._every = max(1, self.settings.sync_every)
         self._synced = [0, 0.0, 0.0]  # steps timed with a device sync: count, wait s, compute s
         self._trace_info: dict[str, Any] | None = None
+        self._times: LoopTimes | None = None  # the kernel's stamps, when it keeps them for us
+        self._pace = StepPace()
+        self._run: RunContext | None = None
 
     # events: the hot path first -----------------------------------------------------------
     def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
+        # on a GPU only (see _time_every_step): elsewhere the kernel notes the batch
         self.timer.batch_loaded(clock(), wait_s, batch_size(batch))
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         step = run.state.step
-        if self._sync is not None:  # CUDA
+        if self._times is not None:  # asleep since the last call: the steps in between
+            self._take_loop_times()
+        elif self._sync is not None:  # CUDA
             self._device_step_end(step, metrics)
         else:
             tokens = metrics.get(TOKENS)
-            self.timer.step_end(clock(), 0.0 if tokens is None else _number(tokens))
+            self.timer.step_end(clock(), 0.0 if tokens is None else token_count(tokens))
         if step >= self._next_special:
             self._special(run, step, metrics)
+        if self._times is not None:
+            run.sleep_until(self, self._next_wake(step))
+
+    def _take_loop_times(self) -> None:
+        """The batches and step ends the kernel noted since the last call, timed now."""
+        assert self._times is not None
+        self.timer.replay(*self._times.take())
+
+    def _next_wake(self, step: int) -> int:
+        """The next step that needs a look (the trace window's), or when the stamps are due:
+        a chunk of the outlier search, or a quarter of a sampling interval (the sampler's time
+        split stays current)."""
+        step_s = self._pace.seen(step, clock())
+        due = min(CHUNK, max(1, steps_within(self.settings.interval_s / 2, step_s)))
+        return min(self._next_special, step + due)
 
     def _device_step_end(self, step: int, metrics: dict[str, Any]) -> None:
         """Time device work truly on one step in ``sync_every``: the step before drains the
@@ -79,7 +102,7 @@ class Profiler(Component):
         if synced:
             self._sync()
         tokens = metrics.get(TOKENS)
-        compute = self.timer.step_end(clock(), 0.0 if tokens is None else _number(tokens),
+        compute = self.timer.step_end(clock(), 0.0 if tokens is None else token_count(tokens),
                                       synced)  # a drained queue looks like a stall: no outlier
         if phase == 0:
             self._synced[0] += 1
@@ -87,17 +110,25 @@ class Profiler(Component):
             self._synced[2] += compute
 
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
+        if self._times is not None:
+            self._take_loop_times()
         self.timer.logged(clock())
 
     def on_checkpoint_taken(self, run: RunContext, step: int) -> None:
         # the loop waited for the snapshot (and, when synchronous, the write): checkpoint time;
         # an asynchronous write that goes on in the background costs the loop nothing more
         if self.summary is None:  # not a save made after our on_end
+            if self._times is not None:
+                self._take_loop_times()
             self.timer.checkpoint_taken(clock())
 
     # rare events --------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
         self.timer.start(clock())
+        if self._sync is None:  # not on a GPU (yet): the kernel notes batches and step ends
+            self._times = run.keep_loop_times(self)
+            run.subscribe(self, Event.BATCH_LOADED, False)
+        self._run = run
         self.sampler.on_sample = lambda sample: _record_sample(run, sample)
         self.sampler.start()
         if self.trace is not None and self.trace.window.start == 0:
@@ -115,6 +146,11 @@ class Profiler(Component):
 
     def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         try:
+            if self._times is not None:
+                self._take_loop_times()
+                run.keep_loop_times(self, False)
+            self._count_samples()
+            self._times = None
             self.timer.finish(clock())
             self._close_trace(run)
         finally:
@@ -222,12 +258,33 @@ class Profiler(Component):
         import torch
 
         index = device.index if device.index is not None else torch.cuda.current_device()
+        self._time_every_step()
         self._cuda_index = index
         self._gpu_position = self._sampled_gpu(index)
         if self.settings.sync_every:
             self._sync = lambda: torch.cuda.synchronize(index)
         self.sampler.device_memory = lambda: (torch.cuda.memory_allocated(index) / MB,
                                               torch.cuda.memory_reserved(index) / MB)
+
+    def _time_every_step(self) -> None:
+        """On a GPU the profiler syncs the device on some steps: it is called on every batch
+        and step, and the kernel stops keeping stamps for it (those it kept are timed first)."""
+        run, times = self._run, self._times
+        if run is None or times is None:
+            return
+        self._take_loop_times()
+        self._count_samples()
+        run.keep_loop_times(self, False)
+        self._times = None
+        run.subscribe(self, Event.BATCH_LOADED, True)
+        run.subscribe(self, Event.STEP_END, True)
+
+    def _count_samples(self) -> None:
+        """The samples and tokens the kernel counted while it kept the stamps."""
+        if self._times is not None:
+            self.timer.num_samples += self._times.samples
+            self.timer.num_tokens += self._times.tokens
+            self._times.samples, self._times.tokens = 0, 0.0
 
     def _sampled_gpu(self, index: int) -> int:
         import torch
@@ -256,8 +313,12 @@ class Profiler(Component):
 
     # the end ------------------------------------------------------------------------------
     def _progress(self) -> tuple[int, int, float]:
-        timer = self.timer
-        return timer.num_steps, timer.num_samples, timer.num_tokens
+        """Steps, samples and tokens so far (on the sampler's thread): the kernel's counts,
+        current even while the profiler sleeps."""
+        timer, times = self.timer, self._times
+        if times is None:
+            return timer.num_steps, timer.num_samples, timer.num_tokens
+        return times.steps, timer.num_samples + times.samples, timer.num_tokens + times.tokens
 
     def _report(self, run: RunContext) -> None:
         facts = self._facts(run)
@@ -302,14 +363,6 @@ class Profiler(Component):
     def _say(self, run: RunContext, text: str) -> None:
         if not self.quiet:
             print(f"prudent | {run.id} | {text}", file=self._stream or sys.stderr, flush=True)
-
-
-def _number(value: Any) -> float:
-    """A token count: a Python number costs nothing; a tensor on a GPU costs a sync."""
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return 0.0
 
 
 def _record_sample(run: RunContext, sample: dict[str, Any]) -> None:

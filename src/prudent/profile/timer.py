@@ -12,16 +12,20 @@ counted twice or lost:
 * ``other``: from ``run.step`` or ``run.log`` to the next wait for data (epoch boundaries,
   handlers of other components, the user's code after ``run.step``).
 
-Why events and not timers around calls: the profiler sees only events. It stays cheap (a few
-microseconds a step, both handlers together) because the hot path is float arithmetic and two
-list appends; the outlier search runs once per :data:`CHUNK` steps.
+Why events and not timers around calls: the profiler sees only events. On a CPU it is not even
+called per step: the kernel stamps each batch and step end (``LoopTimes``) and :meth:`replay`
+sums a few hundred of them with list operations; on a GPU each call is float arithmetic and
+two list appends. The outlier search runs once per :data:`CHUNK` steps.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from operator import le, lt, sub
+
+from prudent.loop_times import batch_size
 
 __all__ = ["CATEGORIES", "CHUNK", "Outlier", "StepTimer", "batch_size"]
 
@@ -134,6 +138,37 @@ class StepTimer:
             self._scan(final=False)
         return compute
 
+    def replay(self, loaded: list[float], ended: list[float]) -> None:
+        """The kernel's stamps since the last call (see :class:`~prudent.loop_times.LoopTimes`:
+        ``loaded`` flat (arrival, wait) pairs, ``ended`` step ends), as if each had been passed
+        to :meth:`batch_loaded` and :meth:`step_end` in time order. The usual shape, one batch
+        then its step, over and over, is summed with list operations (a few hundred steps
+        cost what a few steps did one call each); any other goes event by event."""
+        arrivals, waits = loaded[0::2], loaded[1::2]
+        if (ended and len(arrivals) == len(ended) and not self._in_step and not self.excluding
+                and self._began is not None and all(map(le, arrivals, ended))
+                and all(map(lt, ended, arrivals[1:]))):
+            previous = [self._mark, *ended[:-1]]
+            self.other_s += math.fsum(map(sub, map(sub, arrivals, waits), previous))
+            self.data_s += math.fsum(waits)
+            self.compute_s += math.fsum(map(sub, ended, arrivals))
+            self.num_steps += len(ended)
+            self._durations += map(sub, ended, previous)  # wait + compute + the gap before
+            self._waits += waits
+            self.last_wait_s, self._mark = waits[-1], ended[-1]
+            if len(self._durations) >= CHUNK:
+                self._scan(final=False)
+            return
+        i, count = 0, len(loaded)
+        for end in ended:
+            while i < count and loaded[i] <= end:
+                self.batch_loaded(loaded[i], loaded[i + 1], 0)
+                i += 2
+            self.step_end(end)
+        while i < count:  # a batch whose step has not ended yet
+            self.batch_loaded(loaded[i], loaded[i + 1], 0)
+            i += 2
+
     # rare events --------------------------------------------------------------------------
     def logged(self, now: float) -> None:
         """``run.log``: evaluation since the last step (a log inside a step stays compute)."""
@@ -208,28 +243,6 @@ class StepTimer:
         self.outlier_excess_s += outlier.duration_s - outlier.median_s
         if len(self.outliers) < MAX_OUTLIERS:
             self.outliers.append(outlier)
-
-
-def batch_size(batch: Any) -> int:
-    """Samples in a batch: the first dimension of its first tensor (1 if it has none).
-
-    Called on every batch, so the common shapes ((x, y) tuples, tensors) come first.
-    """
-    kind = type(batch)
-    if kind is tuple or kind is list:
-        if not batch:
-            return 0
-        first = batch[0]
-        shape = getattr(first, "shape", None)  # one read: torch builds a new Size each time
-        if shape is not None:
-            return shape[0] if len(shape) else 1
-        return batch_size(first) if isinstance(first, (tuple, list, dict)) else len(batch)
-    if kind is dict or isinstance(batch, dict):
-        return batch_size(next(iter(batch.values()))) if batch else 0
-    shape = getattr(batch, "shape", None)
-    if shape is not None:
-        return shape[0] if len(shape) else 1
-    return 1
 
 
 def _quantile(ordered: list[float], q: float) -> float:
