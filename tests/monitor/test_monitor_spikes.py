@@ -152,19 +152,32 @@ def test_after_max_rollbacks_the_next_spike_stops_the_run(tmp_path: Path) -> Non
 
 
 def test_a_calm_window_is_judged_as_the_step_by_step_pass_would() -> None:
-    """The shortcut for windows with no step near factor x the moving mean leaves the rule
-    exactly where the step-by-step pass does (moving window, threshold, streak, findings),
-    on windows that are calm, that spike, that skip and that go negative."""
+    """The shortcut for windows with no step near factor x the moving mean, and the inlined
+    pass over the others, leave the rule exactly where _judge step by step does (moving
+    window, threshold, streak, findings), on windows that are calm, that spike, that skip,
+    that go negative and that hold one hard batch among calm ones."""
     import random
 
     rng = random.Random(0)
     fast = LossSpikeRule(LossSpikeRule.Settings(warmup_steps=0))
     slow = LossSpikeRule(LossSpikeRule.Settings(warmup_steps=0))
     slow._calm = lambda finite: False  # type: ignore[method-assign]
+
+    def one_by_one(finite: list[tuple[int, float]]) -> Finding | None:  # _judge, unrolled
+        skipped = set(slow.skipped)
+        for step, loss in finite:
+            finding = slow._judge(step, loss, step in skipped)
+            if finding is not None:
+                return finding
+        return None
+
+    slow._judge_each = one_by_one  # type: ignore[method-assign]
     calm_windows, step = 0, 1
     for i in range(60):
         level = {7: 3.0, 8: 3.0, 20: -1.0, 33: 2.5}.get(i, 1.0)
         losses = [level * (1 + 0.1 * rng.random()) for _ in range(25)]
+        if i % 4 == 1:  # one batch at 2.3x among calm ones
+            losses[rng.randrange(25)] *= 2.3
         if i == 40:
             losses[3] = float("nan")
         window = Window(steps=list(range(step, step + 25)), loss=losses)  # type: ignore[arg-type]

@@ -105,12 +105,34 @@ class LossSpikeRule(Rule):
         if self._calm(finite):
             self._take_calm(finite)
             return None
-        skipped = set(self.skipped)
+        finding = self._judge_each(finite)
+        if finding is None:
+            self._set_threshold()
+        return finding
+
+    def _judge_each(self, finite: list[tuple[int, float]]) -> Finding | None:
+        """:meth:`_judge` on each step, inlined (a healthy loss near its floor has a batch at
+        2x its mean every few dozen steps: most windows come here, ~100 steps each)."""
+        s, recent, skipped = self.settings, self.recent, set(self.skipped)
+        # a hair below factor: rounding never hides a spike step from _judge, which decides
+        factor, warmup, least = s.factor * (1 - 1e-9), s.warmup_steps, min(32, s.window)
+        full, total = recent.maxlen, self._sum
         for step, loss in finite:
-            finding = self._judge(step, loss, step in skipped)
-            if finding is not None:
-                return finding
-        self._set_threshold()
+            count = len(recent)
+            if count >= least and total > 0 and loss * count >= factor * total and step > warmup:
+                self._sum = total
+                finding = self._judge(step, loss, step in skipped)
+                total = self._sum
+                if finding is not None:
+                    return finding
+                continue
+            self.streak, self.streak_start = 0, None
+            if step not in skipped:
+                if count == full:
+                    total -= recent[0]
+                recent.append(loss)
+                total += loss
+        self._sum = total
         return None
 
     def _calm(self, finite: list[tuple[int, float]]) -> bool:
