@@ -87,6 +87,28 @@ def test_exception_in_a_step_is_captured_with_stack_batch_and_sample_indices(
     assert info["versions"]["torch"] == torch.__version__ and info["config"] == {}
 
 
+@pytest.mark.parametrize(("workers", "fail_at"), [(0, 100), (2, 37)])
+def test_the_bundle_names_its_batch_samples_late_in_an_epoch_and_with_workers(
+        settings: ProjectSettings, workers: int, fail_at: int) -> None:
+    """Nothing is done per batch for the indices: the sampler's outputs are kept (the newest
+    64, more when workers draw ahead) and the bundle looks its batch up by its number."""
+    run = _run(settings)
+    run.attach(model=tiny_model())
+    loader = DataLoader(TensorDataset(torch.arange(600.0).reshape(300, 2)), batch_size=2,
+                        shuffle=True, generator=torch.Generator().manual_seed(1),
+                        num_workers=workers)
+    with pytest.raises(ValueError, match="bad batch"), run:
+        for (x,) in run.batches(loader):
+            if run.state.step + 1 == fail_at:
+                raise ValueError("bad batch")
+            run.step(loss=0.0)
+    (path,) = _bundles(run)
+    info = read_bundle(path).info
+    (x,) = read_bundle(path).load("batch.pt")
+    assert info["batch_in_epoch"] == fail_at
+    assert (x[:, 0] / 2).long().tolist() == info["sample_indices"]
+
+
 def test_one_bundle_per_failure_not_one_per_step_after_it(settings: ProjectSettings) -> None:
     run = _run(settings)
     model = tiny_model()

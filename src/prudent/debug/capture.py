@@ -30,7 +30,12 @@ import torch
 from prudent.checkpoint.objects import state_of
 from prudent.debug.bundle import format_size, write_bundle
 from prudent.debug.environment import environment, git_state, user_traceback
-from prudent.debug.probe import IndexedBatches, index_list, non_finite_grads, non_finite_rows
+from prudent.debug.probe import (
+    SampleIndexRecorder,
+    index_list,
+    non_finite_grads,
+    non_finite_rows,
+)
 from prudent.debug.settings import DebugSettings
 from prudent.distributed import ranks_from_env
 from prudent.events import Component, Event, EventKind
@@ -47,6 +52,7 @@ _SAME_FAILURE = {"rule:non_finite": "non_finite"}
 _NO_GRADS: tuple[str, ...] = ()  # a step's non-finite gradients, until one is found
 _VERIFY_BATCHES = 8  # the first batches: do the steps draw random numbers?
 _REVERIFY_EVERY = 256  # after that, one batch in this many looks again
+_KEPT_INDICES = 64  # sampler outputs kept for a bundle (more when workers draw further ahead)
 _DEFAULT_GENERATOR = torch.default_generator
 
 
@@ -71,8 +77,11 @@ class FailureCapture(Component):
         self._params: list[tuple[str, torch.Tensor]] = []
         self._amp = False
         self._batch: Any = None
-        self._indices: list[Any] | None = None
-        self._epoch_batches: IndexedBatches | None = None
+        # the sampler's outputs of the epoch in progress, and where its iterator began
+        # (epoch, batches already in it: a resumed epoch skips some)
+        self._recorder: SampleIndexRecorder | None = None
+        self._recorder_began = (0, 0)
+        self._state: Any = None
         self._rng: tuple[Any, Any] | None = None  # (CPU generator clone, CUDA states)
         self._num_batches = 0
         self._step_draws = False  # True once a step was seen drawing random numbers
@@ -92,6 +101,7 @@ class FailureCapture(Component):
     # events -------------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
         self._loop_thread = threading.get_ident()
+        self._state = run.state
         run.wrap_batches(self._record_indices)
         if self._check_loss and not self._check_gradients:
             self._watching = True
@@ -124,8 +134,20 @@ class FailureCapture(Component):
                 self._amp = True  # inf gradients are then the scaler's business, not a failure
 
     def _record_indices(self, iterator: Any) -> Any:
-        self._epoch_batches = IndexedBatches(iterator)
-        return self._epoch_batches
+        """Note the sampler's outputs as the loader draws them (the iterator itself is not
+        wrapped: nothing is done per batch; a bundle looks its batch's indices up)."""
+        self._recorder = SampleIndexRecorder.install(iterator, keep=_KEPT_INDICES)
+        state = self._state
+        self._recorder_began = (state.epoch, state.batches_in_epoch) if state else (0, 0)
+        return iterator
+
+    def _raw_indices(self) -> Any:
+        """The sampler's output for the batch of the step in progress (None: not known)."""
+        epoch, batch = self._position
+        began_epoch, began_at = self._recorder_began
+        if self._recorder is None or epoch != began_epoch or batch <= began_at:
+            return None
+        return self._recorder.indices_of(batch - began_at)
 
     def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
         # The generators as the step starts, for an exact replay. A step that draws no random
@@ -138,9 +160,6 @@ class FailureCapture(Component):
         else:
             self._rng = None
         self._batch, self._phase = batch, "forward"
-        # raw: turned into ints only if this step is captured
-        batches = self._epoch_batches
-        self._indices = batches.raw_indices if batches is not None else None
         self._loss, self._bad_grads = None, _NO_GRADS
         state = run.state
         self._position = (state.epoch, state.batches_in_epoch)
@@ -272,7 +291,7 @@ class FailureCapture(Component):
     def _info(self, run: RunContext, step: int, in_step: bool, reason: str, message: str,
               error: BaseException | None) -> dict[str, Any]:
         rows = non_finite_rows(self._batch) if self._batch is not None else {}
-        indices = index_list(self._indices)
+        indices = index_list(self._raw_indices())
         offending = [{"row": row, "sample_index": indices[row] if indices and row < len(indices)
                       else None, "tensors": where} for row, where in sorted(rows.items())]
         epoch, batch_in_epoch = self._position

@@ -28,28 +28,37 @@ class SampleIndexRecorder:
     index batches to the workers when prudent sees the iterator: those batches get ``None``.
     """
 
-    def __init__(self, iterator: Any) -> None:
-        self._queue: collections.deque[Any] = collections.deque()
+    def __init__(self, iterator: Any, keep: int | None = None) -> None:
+        # keep: the newest sampler outputs kept (None: all, until next_batch takes them)
+        self._queue: collections.deque[Any] = collections.deque(maxlen=keep)
         self._unknown = int(getattr(iterator, "_send_idx", 0) or 0)  # prefetched before us
+        self._prefetched = self._unknown
+        self._recorded = 0
         stream = iterator._sampler_iter
         iterator._sampler_iter = self._record(stream)
 
     @classmethod
-    def install(cls, iterator: Any) -> SampleIndexRecorder | None:
+    def install(cls, iterator: Any, keep: int | None = None) -> SampleIndexRecorder | None:
         from torch.utils.data import IterableDataset
 
         iterator = getattr(iterator, "source", iterator)  # another IndexedBatches' loader iterator
         if not hasattr(iterator, "_sampler_iter") or isinstance(
                 getattr(iterator, "_dataset", None), IterableDataset):
             return None  # not a map-style DataLoader iterator: positions only
+        if keep is not None:  # the workers' prefetched batches are drawn ahead of the loop
+            ahead = int(getattr(iterator, "_prefetch_factor", 0) or 0) * int(
+                getattr(iterator, "_num_workers", 0) or 0)
+            keep = max(keep, 2 * ahead + 2)
         try:
-            return cls(iterator)
+            return cls(iterator, keep)
         except (AttributeError, TypeError):
             return None
 
     def _record(self, stream: Iterator[Any]) -> Iterator[Any]:
+        queue = self._queue
         for index in stream:
-            self._queue.append(index)
+            queue.append(index)
+            self._recorded += 1
             yield index
 
     def next_batch(self) -> Any:
@@ -60,6 +69,17 @@ class SampleIndexRecorder:
             self._unknown -= 1
             return None
         return self._queue.popleft() if self._queue else None
+
+    def indices_of(self, number: int) -> Any:
+        """What the sampler gave for the ``number``-th batch the iterator yielded (from 1), as
+        is, for a recorder that keeps the newest outputs (``keep``) and is never asked
+        :meth:`next_batch`: nothing is done per batch. ``None`` when not known (drawn before
+        the recorder, or no longer kept)."""
+        item = number - 1 - self._prefetched
+        first_kept = self._recorded - len(self._queue)
+        if item < first_kept or item >= self._recorded:
+            return None
+        return self._queue[item - first_kept]
 
 
 def index_list(raw: Any) -> list[int] | None:
