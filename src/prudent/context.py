@@ -167,7 +167,8 @@ class RunContext:
         """Have the kernel note when each batch arrives and each step ends (``loop_times``),
         for ``component`` to read in bulk (``take()``) instead of a handler per batch and per
         step; ``on=False`` when it no longer reads them. While no reader is on (or all are
-        paused), nothing is noted."""
+        paused), nothing is noted. One ``LoopTimes`` per run: ``take()`` empties it for every
+        reader, so there is one (the profiler)."""
         if on:
             self._time_keepers[id(component)] = component
         else:
