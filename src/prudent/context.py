@@ -109,7 +109,7 @@ class RunContext:
         # the loop's timestamps (keep_loop_times): None while no component reads them
         self.loop_times: LoopTimes | None = None
         self._loop_times = LoopTimes()
-        self._time_keepers: dict[int, Component] = {}
+        self._time_keeper: Component | None = None
         for component in components:
             self.add_component(component)
         self._signals = SignalStopper(self.request_stop)
@@ -166,18 +166,19 @@ class RunContext:
     def keep_loop_times(self, component: Component, on: bool = True) -> LoopTimes:
         """Have the kernel note when each batch arrives and each step ends (``loop_times``),
         for ``component`` to read in bulk (``take()``) instead of a handler per batch and per
-        step; ``on=False`` when it no longer reads them. While no reader is on (or all are
-        paused), nothing is noted. One ``LoopTimes`` per run: ``take()`` empties it for every
-        reader, so there is one (the profiler)."""
+        step; ``on=False`` when it no longer reads them. While it is off or paused, nothing is
+        noted. One reader per run (the profiler): ``take()`` empties the stamps, so a second
+        caller takes the first one's place."""
         if on:
-            self._time_keepers[id(component)] = component
-        else:
-            self._time_keepers.pop(id(component), None)
+            self._time_keeper = component
+        elif self._time_keeper is component:
+            self._time_keeper = None
         self._refresh_loop_times()
         return self._loop_times
 
     def _refresh_loop_times(self) -> None:
-        kept = any(key not in self._paused for key in self._time_keepers)
+        keeper = self._time_keeper
+        kept = keeper is not None and id(keeper) not in self._paused
         self.loop_times = self._loop_times if kept else None
 
     @property

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prudent.profile.timer import CHUNK, StepTimer, batch_size
+from prudent.loop_times import batch_size
+from prudent.profile.timer import CHUNK, StepTimer
 
 
 def run_steps(timer: StepTimer, t: float, durations: list[tuple[float, float]]) -> float:

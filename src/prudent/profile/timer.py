@@ -25,9 +25,7 @@ import statistics
 from dataclasses import dataclass, field
 from operator import le, lt, sub
 
-from prudent.loop_times import batch_size
-
-__all__ = ["CATEGORIES", "CHUNK", "Outlier", "StepTimer", "batch_size"]
+__all__ = ["CATEGORIES", "CHUNK", "Outlier", "StepTimer"]
 
 CATEGORIES = ("data", "compute", "checkpoint", "eval", "other")
 CHUNK = 1024  # steps scanned for outliers at a time: bounded memory, an adaptive median

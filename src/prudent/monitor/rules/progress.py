@@ -227,6 +227,7 @@ class DivergenceRule(Rule):
         self._climbing = False  # the learning rate is lr_climb x lr_at_best or more, now
         self._allowed: float | None = None  # the rise the last judged window was allowed
         self._smoothed = 0.0
+        self._threshold = 0.0  # ... and the level it fires above (best + allowed + luck)
 
     def fit(self, planned_steps: int) -> str | None:
         self.sized(planned_steps, warmup_steps=min(100, planned_steps // 20))
@@ -263,16 +264,15 @@ class DivergenceRule(Rule):
         if self._allowed is None or not self.active_at(step):
             return None
         best, allowed, smoothed = self.best, self._allowed, self._smoothed
-        half = list(self.recent)[len(self.recent) // 2:]
-        newer = _interquartile_mean(half)
-        margin = allowed + self._luck()
-        if newer <= best + margin or smoothed <= best + allowed / 2:  # type: ignore[operator]
+        newer = _interquartile_mean(list(self.recent)[len(self.recent) // 2:])
+        threshold = self._threshold
+        if newer <= threshold or smoothed <= best + allowed / 2:  # type: ignore[operator]
             return None
-        return Finding(step, newer, best + margin, (  # type: ignore[operator]
+        return Finding(step, newer, threshold, (
             f"loss diverged: {fmt(newer)} at step {step} (mean of the middle half of the last "
             f"{len(self.recent) - len(self.recent) // 2} steps; of the last {len(self.recent)}: "
             f"{fmt(smoothed)}), up from its best {fmt(best)} at step {self.best_step}; it "
-            f"started at {fmt(self.start)} (threshold {fmt(best + margin)}"  # type: ignore[operator]
+            f"started at {fmt(self.start)} (threshold {fmt(threshold)}"
             f"{self._lr_note()})"))
 
     def _luck(self) -> float:
@@ -299,8 +299,8 @@ class DivergenceRule(Rule):
         allowed = max(s.progress_lost * (self.start - self.best), s.min_rise * abs(self.best))
         if self._climbing:
             allowed /= 2
-        self._allowed, self._smoothed = allowed, smoothed
         threshold = self.best + allowed + self._luck()
+        self._allowed, self._smoothed, self._threshold = allowed, smoothed, threshold
         if smoothed <= threshold:
             return None
         return Finding(step, smoothed, threshold, (
@@ -344,8 +344,8 @@ def _noise(values: deque[float] | list[float]) -> float:
     n = len(values)
     if n < 4:
         return 0.0
-    ordered = list(values)
-    jumps = sorted(b - a for a, b in zip(ordered, ordered[1:]))
+    losses = list(values)
+    jumps = sorted(b - a for a, b in zip(losses, losses[1:]))
     middle = jumps[len(jumps) // 2]
     deviations = sorted(abs(jump - middle) for jump in jumps)
     sigma = deviations[len(deviations) // 2] / (0.6745 * math.sqrt(2))
