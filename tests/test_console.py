@@ -5,6 +5,7 @@ import io
 import prudent
 from prudent.config import ProjectSettings
 from prudent.console import ConsoleReporter, ConsoleSettings
+from prudent.recorder import MetricsRecorder
 
 
 class NotATerminal(io.StringIO):
@@ -35,15 +36,17 @@ def test_an_iteration_loop_logs_without_an_epoch(settings: ProjectSettings) -> N
     out = NotATerminal()
     reporter = ConsoleReporter(ConsoleSettings(mode="plain"), stream=out)
     run = prudent.init(name="console", settings=settings, exit_on_stop=False,
-                       components=[reporter])
+                       components=[MetricsRecorder(), reporter])
     with run:
         for it in range(6):
             if it % 3 == 0:
                 run.log(val_loss=2.5)
-            run.step(loss=0.5)
+            run.step(loss=0.5, tokens=256)
     lines = out.getvalue().splitlines()
     assert f"prudent | {run.id} | step 3: val_loss=2.5" in lines
     assert not any("epoch" in line for line in lines)
+    # the token count is for tokens/s, not a last value: the summary ends with the metrics
+    assert lines[-1].endswith("6 steps. loss=0.5 val_loss=2.5"), lines[-1]
 
 
 def test_plain_line_shows_the_live_cost_the_meter_publishes(settings: ProjectSettings) -> None:

@@ -158,6 +158,19 @@ def test_monitor_state_rides_in_the_run_state_and_survives_weights_only_load(hom
     assert divergence.best is not None and math.isfinite(divergence.best)  # type: ignore[attr-defined]
 
 
+def test_where_the_run_started_is_the_median_of_its_first_five_losses_and_is_kept(
+        home: Path) -> None:
+    run, monitor = monitored_run(home, rules={"non_finite": {"action": ["alert"]}})
+    losses = [9.0, 3.0, float("nan"), 2.0, 2.5, 1.0, 0.5, 0.4]  # a NaN is no start, 9 no median
+    with run:
+        for value in run.steps(len(losses)):
+            run.step(loss=losses[value])
+    assert monitor.start_loss == 2.5  # of 9, 3, 2, 2.5, 1
+    restored = Monitor(MonitorSettings())
+    restored.load_state_dict(monitor.state_dict())
+    assert restored.start_loss == 2.5  # a resumed run's start is the run's, not its restart's
+
+
 def test_disabled_monitoring_adds_no_component(home: Path) -> None:
     run = prudent.init(name="off", settings=make_settings(home, monitor={"enabled": False}),
                        exit_on_stop=False)

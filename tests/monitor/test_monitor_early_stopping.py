@@ -151,3 +151,20 @@ def test_no_shorter_patience_once_something_was_learned() -> None:
     assert judge_with_train(EarlyStoppingRule(), fitting) == 6
     # without a training loss only the metric speaks: patience 5
     assert judge(EarlyStoppingRule(), [0.5, 0.4, 0.4, 0.4, 0.4, 0.4], metric="val_acc") == 6
+
+
+def test_a_run_that_learned_before_its_first_evaluation_keeps_the_full_patience() -> None:
+    # a bigram table at lr 1: 3.15 -> 1.17 within its first steps, evaluated from step 300 on;
+    # its validation then wanders around 1.15: converged, which plain early stopping judges
+    converged = [(1.150, 1.172), (1.169, 1.161), (1.160, 1.165), (1.157, 1.163),
+                 (1.164, 1.160), (1.158, 1.162)]
+    rule = EarlyStoppingRule()
+    windows = [Window(evals=[EvalSample(300 * i, {"val_loss": v}, t)], start_loss=3.15)
+               for i, (v, t) in enumerate(converged, start=1)]
+    fired = next((i for i, w in enumerate(windows, start=1) if rule.check(w)), None)
+    assert fired == 6  # patience 5, not the 1 or 2 of a run that learned nothing
+    # the same evaluations where the run started near them: nothing was learned (patience 1-2)
+    rule = EarlyStoppingRule()
+    for window in windows:
+        window.start_loss = 1.18
+    assert next((i for i, w in enumerate(windows, start=1) if rule.check(w)), None) == 3

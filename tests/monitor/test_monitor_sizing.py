@@ -82,16 +82,19 @@ def test_memory_is_sampled_by_time_when_steps_are_slow() -> None:
     assert stats.memory_every == 20
 
 
-def _flat_after(rule: LossNotDecreasingRule, start: float, floor: float, steps: int) -> int | None:
+def _flat_after(rule: LossNotDecreasingRule, start: float, floor: float, steps: int,
+                start_loss: float | None = None) -> int | None:
     """Feed a loss falling from ``start`` to ``floor`` by step 300 and flat (±1% noise) after;
-    the step the rule fires at, or None."""
+    the step the rule fires at, or None. ``start_loss``: the run's start, as the monitor
+    measures it (Window.start_loss)."""
     import random
 
     noise = random.Random(0)
     for first in range(1, steps + 1, 10):
         losses = [max(floor, start - (start - floor) * s / 300) * noise.uniform(0.99, 1.01)
                   for s in range(first, first + 10)]
-        found = rule.check(Window(steps=list(range(first, first + 10)), loss=losses))
+        found = rule.check(Window(steps=list(range(first, first + 10)), loss=losses,
+                                  start_loss=start_loss))
         if found is not None:
             return found.step
     return None
@@ -104,6 +107,14 @@ def test_a_converged_plateau_is_not_a_stuck_loss_but_a_loss_that_never_fell_is()
     # 2% below where it started, then flat: stuck (shuffled labels)
     found = _flat_after(LossNotDecreasingRule(settings), 2.32, 2.28, 3000)
     assert found is not None and found <= 800
+    # fell from 3.15 within the first steps, before the rule's warm-up ended (a bigram
+    # table): the run's start says so, where the first block would say "flat since 1.15"
+    fast = LossNotDecreasingRule(LossNotDecreasingRule.Settings(warmup_steps=100, window=100,
+                                                                patience=3))
+    assert _flat_after(fast, 1.15, 1.14, 3000) is not None  # no start given: judged stuck
+    fast = LossNotDecreasingRule(LossNotDecreasingRule.Settings(warmup_steps=100, window=100,
+                                                                patience=3))
+    assert _flat_after(fast, 1.15, 1.14, 3000, start_loss=3.15) is None
     # with max_progress 1, every plateau is judged (the rule as it was)
     judge_all = LossNotDecreasingRule.Settings(warmup_steps=0, window=100, patience=3,
                                                max_progress=1)

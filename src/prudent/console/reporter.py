@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.console.settings import ConsoleSettings
 from prudent.events import Component
+from prudent.loop_times import TOKENS
 from prudent.pace import StepPace, steps_within
 
 if TYPE_CHECKING:
@@ -74,7 +75,8 @@ class ConsoleReporter(Component):
             self._progress = None
         elapsed = timedelta(seconds=round(time.time() - run.started_at))
         how = status if stop_reason is None else f"{status} ({stop_reason})"
-        latest = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(run.latest.items()))
+        # run.step(tokens=n) is a count for tokens/s (the profile line), not a value to report
+        latest = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(run.latest.items()) if k != TOKENS)
         self._print(f"{how} after {elapsed}, {run.state.step} steps. {latest}".rstrip(), run)
 
     # output -------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "MIN_SAMPLES", "ActionName", "ActivationSample",
+__all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "MIN_SAMPLES", "START_STEPS", "ActionName", "ActivationSample",
            "EvalSample", "Finding", "LayerSample", "MemorySample", "Rule", "RuleSettings", "Window",
            "action_default", "confirm_at", "confirm_gap", "finite", "fmt", "warmup_default"]
 
@@ -23,6 +23,7 @@ ActionName = Literal["stop", "reduce_lr", "alert", "capture", "prune", "skip", "
 ACTION_NAMES: tuple[str, ...] = ("alert", "capture", "prune", "reduce_lr", "rollback", "skip",
                                  "stop")
 MIN_SAMPLES = 2  # the fewest layer samples in a row a rule sized to a short run fires on
+START_STEPS = 5  # the run's first losses whose median is where it started (Window.start_loss)
 
 
 class RuleSettings(BaseModel):
@@ -145,6 +146,9 @@ class Window:
     planned_steps: int | None = None  # run.epochs(n) x the loader's length, or run.steps(n)
     step_s: float | None = None  # the mean step time lately (seconds)
     sample_every: int | None = None  # steps between two layer samples, now
+    # where the run's loss started: the median of its first START_STEPS finite losses (the
+    # first steps of the run, not of a rule's judging: a fast learner has learned by then)
+    start_loss: float | None = None
     _finite: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
                                                     compare=False)
     _measured: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,

@@ -28,7 +28,7 @@ from prudent.errors import StopRun
 from prudent.events import Component, Event, EventKind
 from prudent.launch import LaunchSpec
 from prudent.monitor.actions import Action, Firing, RollbackAction, build_actions
-from prudent.monitor.base import EvalSample, Finding, Rule, Window
+from prudent.monitor.base import START_STEPS, EvalSample, Finding, Rule, Window
 from prudent.monitor.registry import RULES
 from prudent.monitor.settings import MonitorSettings
 from prudent.monitor.stats import StepStats
@@ -69,6 +69,8 @@ class Monitor(Component):
         self.quiet = quiet
         self._muted_until: dict[str, int] = {}
         self._train_loss = [0.0, 0]  # sum and count of finite losses since the last log
+        self.start_loss: float | None = None  # see Window.start_loss
+        self._start_values: list[float] = []
         self._watchdog: StallWatchdog | None = None
         self._webhook: WebhookSender | None = None
         self._previous_handler: Any = None
@@ -250,7 +252,7 @@ class Monitor(Component):
         return {"rules": {name: rule.state_dict() for name, rule in self.rules.items()},
                 "actions": {name: a.state_dict() for name, a in self.actions.items()},
                 "muted_until": dict(self._muted_until), "peak_lr": self.stats.peak_lr,
-                "best_checkpoint": self.best_checkpoint}
+                "best_checkpoint": self.best_checkpoint, "start_loss": self.start_loss}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, rule_state in state.get("rules", {}).items():
@@ -262,6 +264,7 @@ class Monitor(Component):
         self._muted_until = dict(state.get("muted_until", {}))
         self.stats.peak_lr = state.get("peak_lr")
         self.best_checkpoint = state.get("best_checkpoint")
+        self.start_loss = state.get("start_loss")
 
     # judging ------------------------------------------------------------------------------
     def check(self, run: RunContext, logged: dict[str, float] | None = None) -> list[Firing]:
@@ -274,6 +277,7 @@ class Monitor(Component):
         # the interval layers are sampled at, not a sooner sample a rule asked for
         window.sample_every = self._sample_every or self.stats.sample_every
         self._count_train_loss(window)
+        window.start_loss = self._start_loss(window)
         if logged is not None:
             window.evals.append(EvalSample(run.state.step, dict(logged), self._mean_train_loss()))
         firings = [Firing(name, finding, run.state.step)
@@ -451,6 +455,15 @@ class Monitor(Component):
         losses = window.finite_losses()
         self._train_loss[0] += sum(map(operator.itemgetter(1), losses))
         self._train_loss[1] += len(losses)
+
+    def _start_loss(self, window: Window) -> float | None:
+        """Where the run's loss started (the median: an exploding first step is no start)."""
+        if self.start_loss is None:
+            room = START_STEPS - len(self._start_values)
+            self._start_values += [v for _, v in window.finite_losses()[:room]]
+            if len(self._start_values) == START_STEPS:
+                self.start_loss = sorted(self._start_values)[START_STEPS // 2]
+        return self.start_loss
 
     def _mean_train_loss(self) -> float | None:
         total, count = self._train_loss

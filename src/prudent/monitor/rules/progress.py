@@ -37,7 +37,8 @@ class LossNotDecreasingSettings(RuleSettings):
                              "schedule): progress is then judged from there (a loss that climbs "
                              "for good is divergence's business).")
     max_progress: float = Field(0.1, gt=0, le=1, description="Only a loss still within this "
-                                "fraction of where it started (the median of its first block) "
+                                "fraction of where it started (the median of the run's first "
+                                "5 losses, else of its first block) "
                                 "is stuck: one that fell further and then flattened has "
                                 "converged, which is success (0.1 = 10%; 1: judge every "
                                 "plateau).")
@@ -53,7 +54,7 @@ class LossNotDecreasingRule(Rule):
     Settings = LossNotDecreasingSettings
     settings: LossNotDecreasingSettings
     state_fields = ("block_sum", "block_count", "best", "best_step", "waited", "first",
-                    "first_values", "block_sq", "previous", "block", "seen")
+                    "first_values", "block_sq", "previous", "block", "seen", "start")
 
     def __init__(self, settings: LossNotDecreasingSettings | None = None) -> None:
         super().__init__(settings)
@@ -68,6 +69,7 @@ class LossNotDecreasingRule(Rule):
         self.first: float | None = None  # the median loss of the first block: where it started
         self.first_values: list[float] = []
         self.seen = 0  # the last step judged
+        self.start: float | None = None  # where the run's loss started (Window.start_loss)
 
     def fit(self, planned_steps: int) -> str | None:
         # a short warm-up: the blocks are means (an initial drop only makes the first block
@@ -113,6 +115,8 @@ class LossNotDecreasingRule(Rule):
             start = next((i for i, (step, _) in enumerate(losses) if step > warmup), len(losses))
         if losses:
             self.seen = losses[-1][0]
+        if window.start_loss is not None:
+            self.start = window.start_loss
         while start < len(losses):  # a block's worth at a time: sums at C speed
             chunk = losses[start:start + self.window - self.block_count]
             values = list(map(_second, chunk))
@@ -173,15 +177,21 @@ class LossNotDecreasingRule(Rule):
             f"loss has not improved by {s.min_improvement:.0%} for {self.waited * self.window} "
             f"steps: its mean over the {self.window} steps to step {step} is {fmt(mean)}, the "
             f"best such mean {fmt(self.best)} (to step {self.best_step}); it started at "
-            f"{fmt(self.first)}"))
+            f"{fmt(self._start())}"))
+
+    def _start(self) -> float | None:
+        """Where the loss started: the run's first steps (a bigram table learns within its
+        warm-up: its first block is already the plateau), else the first block's median."""
+        return self.start if self.start is not None else self.first
 
     def _converged(self) -> bool:
         """The best block fell more than ``max_progress`` below the start: a plateau there is
         a run that has learned what it could (a healthy run converging early at a constant
         learning rate), not one that never learned."""
-        if self.first is None or self.best is None:
+        start = self._start()
+        if start is None or self.best is None:
             return False
-        return self.best < self.first - self.settings.max_progress * abs(self.first)
+        return self.best < start - self.settings.max_progress * abs(start)
 
 
 class DivergenceSettings(RuleSettings):

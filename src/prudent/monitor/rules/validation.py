@@ -79,7 +79,7 @@ class EarlyStoppingRule(Rule):
     Settings = EarlyStoppingSettings
     settings: EarlyStoppingSettings
     state_fields = ("metric", "best", "best_step", "waited", "num_evals", "first_step",
-                    "first_train")
+                    "first_train", "start")
 
     def __init__(self, settings: EarlyStoppingSettings | None = None) -> None:
         super().__init__(settings)
@@ -93,6 +93,7 @@ class EarlyStoppingRule(Rule):
         self.improved = False
         self.judged = False  # saw the metric at least once (kept when the rule starts over)
         self.planned: int | None = None  # the run's planned steps (fit)
+        self.start: float | None = None  # where the run's training loss started (Window)
 
     def fit(self, planned_steps: int) -> str | None:
         self.planned = planned_steps
@@ -106,6 +107,8 @@ class EarlyStoppingRule(Rule):
 
     def check(self, window: Window) -> Finding | None:
         self.improved = False
+        if window.start_loss is not None:
+            self.start = window.start_loss
         for sample in window.evals:
             finding = self._judge(sample)
             if finding is not None:
@@ -161,10 +164,13 @@ class EarlyStoppingRule(Rule):
         ``no_progress_train`` below what it was then: neither signal shows learning, so the
         patience that lets a noisy plateau *after progress* pass is not needed (a healthy net
         in a saddle still lowers its validation loss a little at every evaluation)."""
-        first, now = self.first_train, sample.train_loss
+        first, now, start = self.first_train, sample.train_loss, self.start
         if self.best_step != self.first_step or not finite(first) or not finite(now):
             return False
-        return now > first - self.settings.no_progress_train * abs(first)  # type: ignore[operator]
+        fell = self.settings.no_progress_train
+        if finite(start) and now < start - fell * abs(start):  # type: ignore[operator]
+            return False  # learned before its first evaluation (a bigram table within 5 steps)
+        return now > first - fell * abs(first)  # type: ignore[operator]
 
     def _no_progress_message(self, sample: EvalSample) -> str:
         s = self.settings
