@@ -258,10 +258,12 @@ def test_samples_go_to_the_store_with_the_time_split_and_stay_out_of_the_latest_
         store.close()
     assert {"profile/cpu_pct", "profile/rss_mb", "profile/steps_per_s"} <= names
     assert len(split["data"]) >= 3 and len({len(v) for v in split.values()}) == 1
-    # time is charged at the step's events, so one 20 ms interval may take a little of its
-    # neighbour's; over the run the categories add up to the wall time
+    # time is charged at the step's events, so a 20 ms interval holds one or two 15 ms steps
+    # (and the last one, taken at the end, a few ms): each interval's split is the shares of
+    # the time charged in it, adding up to 100% (an interval that charged nothing: 0)
     totals = [sum(values) for values in zip(*split.values())]
-    assert 80 < sum(totals) / len(totals) < 120, totals
+    assert all(abs(t - 100) < 1e-6 or t == 0 for t in totals), totals
+    assert sum(1 for t in totals if t) >= len(totals) - 2, totals
     # the loader sleeps twice as long as the step computes
     assert sum(split["data"]) > 1.15 * sum(split["compute"]), split
     assert not [k for k in run.latest if k.startswith("profile/")]  # the model's, not the machine's

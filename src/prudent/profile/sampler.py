@@ -3,9 +3,10 @@
 Every ``interval_s`` it reads the process's and the system's CPU %, resident memory, disk and
 network I/O (psutil), each visible GPU (NVML, when installed), the memory PyTorch holds on
 the training device, and the training progress, so throughput over the last interval comes
-for free, and where the interval's wall time went (data / compute / checkpoint / eval / other,
-from the step timer's running totals). The training thread does nothing for it: the sampler reads the step timer's
-counters, which CPython updates atomically. About 0.1 ms of CPU per sample.
+for free, and where the interval's time went (data / compute / checkpoint / eval / other,
+as shares of the time the step timer charged in it). The training thread does nothing for
+it: the sampler reads the step timer's counters, which CPython updates atomically. About
+0.1 ms of CPU per sample.
 """
 
 from __future__ import annotations
@@ -105,8 +106,15 @@ class SystemSampler:
             sample["gpus"] = self._gpus.read()
         if self.device_memory is not None:
             sample["device_allocated_mb"], sample["device_reserved_mb"] = self.device_memory()
-        for category in self._categories:  # where this interval's wall time went, in %
-            sample[f"{category}_pct"] = 100 * rate[f"split_{category}"]
+        # where the time charged in this interval went, in % of it: the timer charges time
+        # at the loop's events, so an interval holds whole steps (one or two 15 ms steps in a
+        # 20 ms interval: 75% or 150% of its wall time, and a last interval of 2 ms holding a
+        # step read 750%); the shares of what was charged add up to 100
+        categories = self._categories
+        charged = sum(rate[f"split_{category}"] for category in categories)
+        for category in categories:
+            share = rate[f"split_{category}"] / charged if charged > 0 else 0.0
+            sample[f"{category}_pct"] = 100 * share
         self.samples.append(sample)
         if len(self.samples) > MAX_SAMPLES:
             self.samples = self.samples[::2]
