@@ -192,10 +192,9 @@ class PrudentCallback(keras.callbacks.Callback):
             self._skipped = True  # preflight's smoke run: the rest of the epoch is passed over
             return {}
         rollback = self._rollback
-        if rollback is not None and rollback.skip_left:
+        if rollback is not None and rollback.take_skip():
             # a batch a rollback skips: Keras drew it, it is not trained (no step either, as
             # run.batches skips it), and the epoch's position moves past it
-            rollback.skip_left -= 1
             self._batch += 1
             self.adapter.ctx.state.batches_in_epoch += 1
             self._skipped = True

@@ -185,10 +185,9 @@ class PrudentCallback(_pl.Callback):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any,
                              batch_idx: int) -> None:
         rollback = self._rollback
-        if rollback is not None and rollback.skip_left:
+        if rollback is not None and rollback.take_skip():
             # a batch a rollback skips: Lightning draws and trains its own, so its gradients
             # are dropped (and an optimizer step made of such batches alone changes nothing)
-            rollback.skip_left -= 1
             self._drop = True
             if self._dropping is None:
                 self._dropping = [self.adapter.ctx.state.step + 1, 0]

@@ -239,9 +239,8 @@ class PrudentCallback(TrainerCallback):
         gradients go. The Trainer draws its own batches, so a skipped batch is drawn and its
         forward and backward run, but it changes nothing. True: it was one."""
         rollback = self._rollback
-        if rollback is None or not rollback.skip_left:
+        if rollback is None or not rollback.take_skip():
             return False
-        rollback.skip_left -= 1
         if self._dropping is None:
             self._dropping = [state.global_step + 1, 0]
         self._dropping[1] += 1

@@ -163,7 +163,7 @@ class RollbackAction(Action):
         self.settings = settings or RollbackSettings()
         self.watched = watched if watched is not None else {}  # see build_actions
         self.count = 0
-        self.skip_left = 0  # batches still to skip (the monitor's batch wrapper reads it)
+        self.skip_left = 0  # batches still to skip (read it; take them with take_skip)
         self.skips_batches = False  # the loop uses run.batches: skipping data is possible
         self.state: Any = None  # the run's counters (the monitor's start): a skipped batch
         # moves the epoch on
@@ -208,6 +208,15 @@ class RollbackAction(Action):
                                             f"stopping. {resume_hint(firing.rule)}"))
         return f"{why}: stopping the run"
 
+    def take_skip(self) -> bool:
+        """The batch about to be trained is one the last rollback skips: it is counted off and
+        True comes back (the batch wrapper of ``run.batches``, and the adapters, whose
+        frameworks draw their own batches, each drop it their way)."""
+        if not self.skip_left:
+            return False
+        self.skip_left -= 1
+        return True
+
     def batches(self, iterator: Any) -> Any:
         """The batches of ``run.batches``, without the ones a rollback skips."""
         self.skips_batches = True
@@ -235,9 +244,8 @@ class _SkippingBatches:
 
     def __next__(self) -> Any:
         action = self._action
-        while action.skip_left:
+        while action.take_skip():
             next(self._iterator)
-            action.skip_left -= 1
             # drawn from the epoch: its position counts it, or a resume later in the epoch
             # (which skips batches_in_epoch batches) would serve it again
             if action.state is not None:
