@@ -244,8 +244,9 @@ class _SkippingBatches:
 
     def __next__(self) -> Any:
         action = self._action
-        while action.take_skip():
-            next(self._iterator)
+        while action.skip_left:
+            next(self._iterator)  # at the epoch's end it raises first: the skip carries over
+            action.skip_left -= 1
             # drawn from the epoch: its position counts it, or a resume later in the epoch
             # (which skips batches_in_epoch batches) would serve it again
             if action.state is not None:
