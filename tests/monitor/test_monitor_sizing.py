@@ -49,6 +49,26 @@ def test_memory_growth_projects_the_out_of_memory_and_acts_within_the_horizon() 
     assert "run out in about 2.5 min (within the 10 min horizon)" in found.message
 
 
+def test_growth_late_in_a_run_that_ends_before_the_projected_oom_does_not_stop_it() -> None:
+    def fires_at(planned: int, available_mb: float, step_s: float = 0.01) -> int | None:
+        rule = MemoryGrowthRule(MemoryGrowthRule.Settings(warmup_steps=0))
+        rule.fit(planned)
+        for i in range(1, 12):  # 0.8 MB every 6 steps of 10 ms: 13 MB/s, 8 MB by step 66
+            window = Window(memory=[memory(6 * i, 350 + 0.8 * i, 0.06 * i, available_mb)],
+                            planned_steps=planned, step_s=step_s)
+            found = rule.check(window)
+            if found is not None:
+                return found.step
+        return None
+
+    # a 72-step run's start-up growth: OOM projected in ~27 min, the run ends in 0.06 s
+    assert fires_at(72, 22_000) is None
+    # the same growth in a long run: a leak, stopped within the horizon
+    assert fires_at(5000, 22_000) == 66
+    # late in the run, but memory runs out before its end (0.5 MB left at 13 MB/s: 0.04 s)
+    assert fires_at(72, 0.5) == 66
+
+
 def test_slow_growth_with_room_to_spare_waits_for_the_growth_threshold() -> None:
     rule = MemoryGrowthRule(MemoryGrowthRule.Settings(warmup_steps=0))
     steps = [rule.check(Window(memory=[memory(100 * i, 500 + 8 * i, 60.0 * i, 20_000)]))
