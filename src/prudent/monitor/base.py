@@ -15,9 +15,10 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "MIN_SAMPLES", "START_STEPS", "ActionName", "ActivationSample",
-           "EvalSample", "Finding", "LayerSample", "MemorySample", "Rule", "RuleSettings", "Window",
-           "action_default", "confirm_at", "confirm_gap", "finite", "fmt", "warmup_default"]
+__all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "MIN_SAMPLES", "START_STEPS", "ActionName",
+           "ActivationSample", "EvalSample", "Finding", "LayerSample", "MemorySample", "Rule",
+           "RuleSettings", "Window", "action_default", "confirm_at", "confirm_gap", "finite", "fmt",
+           "warmup_default"]
 
 ActionName = Literal["stop", "reduce_lr", "alert", "capture", "prune", "skip", "rollback"]
 ACTION_NAMES: tuple[str, ...] = ("alert", "capture", "prune", "reduce_lr", "rollback", "skip",
