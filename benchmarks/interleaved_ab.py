@@ -57,9 +57,9 @@ from prudent.events import Event
 from prudent.monitor import Monitor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import overhead
 from handler_cost import context_of
 from overhead import (
+    HIDDEN,
     make_data,
     other_load,
     prudent_environment,
@@ -194,13 +194,14 @@ def _bootstrap_ci(per_run: list[float], rounds: int = 2000) -> list[float]:
     return [medians[int(0.05 * rounds)], medians[int(0.95 * rounds) - 1]]
 
 
-def run_ab(which: str, runs: int, steps: int, block: int, step_clock: str = "wall"
-           ) -> dict[str, Any]:
+def run_ab(which: str, runs: int, steps: int, block: int, step_clock: str = "wall",
+           hidden: int = HIDDEN) -> dict[str, Any]:
     """A short warm-up run, then ``runs`` measured runs of ``steps`` steps, ``which`` switched
-    (``monitor`` or ``all``), each step timed by ``step_clock`` (``wall`` or ``cpu``)."""
-    one_run(training_parts(make_data(4 * block)), block, True, which)
+    (``monitor`` or ``all``), each step timed by ``step_clock`` (``wall`` or ``cpu``), on an
+    MLP ``hidden`` wide."""
+    one_run(training_parts(make_data(4 * block), hidden), block, True, which)
     with other_load() as load:
-        result = measure(training_parts(make_data(steps)), runs, block, which,
+        result = measure(training_parts(make_data(steps), hidden), runs, block, which,
                          CLOCKS[step_clock])
     return {**result, "clock": step_clock, **load}
 
@@ -254,20 +255,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="time steps by the wall clock, or by the training thread's CPU time "
                         "(steadier while other processes compete for the cores)")
-    parser.add_argument("--hidden", type=int, default=overhead.HIDDEN,
+    parser.add_argument("--hidden", type=int, default=HIDDEN,
                         help="the MLP's width: 128 makes a ~0.7 ms step on today's 2-core VM, "
                         "320 the ~1.1 ms step issue 13 states its budget on (gradient norms and "
                         "layer samples grow with the model, the per-step handlers do not)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    overhead.HIDDEN = args.hidden  # make_model reads it when each run builds its model
     chosen = ["monitor", "all"] if args.which == "both" else [args.which]
     results = {}
     with tempfile.TemporaryDirectory(prefix="prudent-ab-") as home, \
             prudent_environment(str(Path(home) / "prudent")):
         for which in chosen:
-            results[which] = run_ab(which, args.runs, args.steps, args.block, args.clock)
+            results[which] = run_ab(which, args.runs, args.steps, args.block, args.clock,
+                                    args.hidden)
             results[which]["verdict"] = verdict(results[which])
             print(results[which]["verdict"], flush=True)
     if args.json:

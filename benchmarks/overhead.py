@@ -126,10 +126,10 @@ def make_loader(data: TensorDataset) -> DataLoader:
                       generator=torch.Generator().manual_seed(SEED))
 
 
-def make_model() -> nn.Module:
+def make_model(hidden: int = HIDDEN) -> nn.Module:
     torch.manual_seed(SEED)
-    return nn.Sequential(nn.Linear(IN_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN),
-                         nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+    return nn.Sequential(nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                         nn.ReLU(), nn.Linear(hidden, CLASSES))
 
 
 def make_optimizer(model: nn.Module) -> torch.optim.Optimizer:
@@ -352,9 +352,10 @@ def machine_info(threads: int, pl: Any) -> dict[str, Any]:
     }
 
 
-def training_parts(data: TensorDataset) -> Callable[[], tuple[nn.Module, Any, DataLoader]]:
+def training_parts(data: TensorDataset, hidden: int = HIDDEN
+                   ) -> Callable[[], tuple[nn.Module, Any, DataLoader]]:
     def parts() -> tuple[nn.Module, Any, DataLoader]:
-        model = make_model()
+        model = make_model(hidden)
         return model, make_optimizer(model), make_loader(data)
 
     return parts
