@@ -14,7 +14,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "prudent"
 KERNEL = {
     "prudent", "prudent.context", "prudent.data", "prudent.errors", "prudent.events",
     "prudent.lazy", "prudent.loop_times", "prudent.rng", "prudent.run", "prudent.signals",
-    "prudent.state", "prudent.stop", "prudent.store", "prudent.store_writer", "prudent.units",
+    "prudent.state", "prudent.step_values", "prudent.stop", "prudent.store", "prudent.store_writer",
+    "prudent.units",
 }
 
 

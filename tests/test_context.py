@@ -166,3 +166,71 @@ def test_the_loss_watch_calls_only_for_losses_above_its_threshold_or_nan(
     run.step()
     run.context.finish("completed")
     assert len(watcher.seen) == 2 and run.context.loss_watched_step == 6
+
+
+class BackwardSleeper(Component):
+    """Needs ``after_backward`` every ``every`` steps only, and sleeps through the others."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.backward_steps: list[int] = []
+
+        self.sooner: dict[int, int] = {}  # at the end of step k: after_backward due at step v
+
+    def on_after_backward(self, ctx: Any, loss: Any) -> None:
+        step = ctx.state.step + 1
+        self.backward_steps.append(step)
+        ctx.sleep_until(self, step + self.every, Event.AFTER_BACKWARD)
+
+    def on_step_end(self, ctx: Any, metrics: Any) -> None:
+        if ctx.state.step in self.sooner:  # the same step's request, replaced
+            ctx.sleep_until(self, self.sooner[ctx.state.step], Event.AFTER_BACKWARD)
+
+
+def test_after_backward_sleeps_until_its_step_and_a_wake_calls_it_sooner(
+        settings: ProjectSettings) -> None:
+    sleeper = BackwardSleeper(every=4)
+    run = prudent.init(name="sleep-backward", settings=settings, exit_on_stop=False,
+                       components=[sleeper])
+    _train(run, 10)
+    assert sleeper.backward_steps == [1, 5, 9]
+    run.context.wake(sleeper, Event.AFTER_BACKWARD)  # step 11 is looked at after all
+    _train(run, 1)
+    sleeper.sooner = {12: 13, 13: 16}  # the next step: awake after all; then step 16
+    _train(run, 6)
+    run.context.finish("completed")
+    assert sleeper.backward_steps == [1, 5, 9, 11, 13, 16]
+
+
+class ValueReader(Component):
+    name = "reader"
+
+    def __init__(self) -> None:
+        self.kept: Any = None
+
+    def on_start(self, ctx: Any) -> None:
+        self.kept = ctx.keep_step_values(self, "loss")
+
+
+def test_the_kernel_keeps_one_metric_of_every_step_for_a_reader_in_bulk(
+        settings: ProjectSettings) -> None:
+    import torch
+
+    reader = ValueReader()
+    run = prudent.init(name="values", settings=settings, exit_on_stop=False, components=[reader])
+    weight = torch.ones(3, requires_grad=True)
+    run.step(loss=torch.tensor(2.5))  # a CPU tensor: its number
+    run.step(loss=1.5)
+    run.step()  # no loss this step
+    run.step(loss=weight * 2)  # several numbers: kept as a tensor, but not its graph
+    steps, values = reader.kept.take()
+    assert steps == [1, 2, 3, 4]
+    assert values[:3] == [2.5, 1.5, None] and values[0].__class__ is float
+    assert values[3].tolist() == [2.0, 2.0, 2.0] and not values[3].requires_grad
+    assert reader.kept.take() == ([], [])  # taken: kept anew
+    run.context.pause([reader])
+    run.step(loss=9.0)  # nothing is noted for a paused reader
+    run.context.pause([reader], paused=False)
+    run.step(loss=3.0)
+    run.context.finish("completed")
+    assert reader.kept.take() == ([6], [3.0])

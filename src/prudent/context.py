@@ -28,6 +28,7 @@ from prudent.events import Component, Event, EventKind
 from prudent.loop_times import LoopTimes
 from prudent.signals import SignalStopper
 from prudent.state import RunState
+from prudent.step_values import StepValues
 from prudent.stop import ExitCode, StopKind, StopReason
 from prudent.store import Store
 from prudent.store_writer import NullWriter, StoreWriter
@@ -92,11 +93,13 @@ class RunContext:
         self._muted: dict[Event, set[int]] = {event: set() for event in Event}
         self._paused: set[int] = set()
         self.handlers: dict[Event, list[Callable[..., None]]] = {event: [] for event in Event}
-        # components that asked not to be called at STEP_END before some step (sleep_until):
-        # the kernel compares the step with wake_step once a step, and nothing else
+        # components that asked not to be called at STEP_END (or AFTER_BACKWARD) before some
+        # step (sleep_until): the kernel compares the step with wake_step (backward_wake_step)
+        # once a step, and nothing else
         self.wake_step: float = math.inf
-        self._sleepers: dict[int, tuple[Component, int]] = {}
-        self.sleep_requests: list[tuple[Component, int]] = []
+        self.backward_wake_step: float = math.inf
+        self._sleepers: dict[tuple[int, Event], tuple[Component, int]] = {}
+        self.sleep_requests: list[tuple[Component, int, Event]] = []
         # the loss watch (watch_loss): a host loss at or below loss_watch_above passes with one
         # comparison; loss_watched_step is the step whose loss was last compared
         self.loss_watch_above = math.inf
@@ -110,6 +113,10 @@ class RunContext:
         self.loop_times: LoopTimes | None = None
         self._loop_times = LoopTimes()
         self._time_keeper: Component | None = None
+        # one metric of each step (keep_step_values): None while no component reads it
+        self.step_values: StepValues | None = None
+        self._step_values: StepValues | None = None
+        self._values_keeper: Component | None = None
         for component in components:
             self.add_component(component)
         self._signals = SignalStopper(self.request_stop)
@@ -139,15 +146,18 @@ class RunContext:
             muted.add(id(component))
         self._refresh(event)
 
-    def sleep_until(self, component: Component, step: int) -> None:
-        """Leave ``component`` out of STEP_END until the step counter reaches ``step``.
+    def sleep_until(self, component: Component, step: int, event: Event = Event.STEP_END) -> None:
+        """Leave ``component`` out of STEP_END (or AFTER_BACKWARD) until the step counter
+        reaches ``step`` (the step in progress, for AFTER_BACKWARD); a step no later than the
+        next one wakes a sleeping component instead.
 
         For a component whose per-step handler would only look at a schedule (a save due in
-        N steps or seconds, a progress line every few seconds): the kernel compares one number
-        per step instead of calling it. Safe from its own STEP_END handler: the request takes
-        effect once the step's handlers have all run.
+        N steps or seconds, a progress line every few seconds, a gradient norm every few
+        dozen steps): the kernel compares one number per step instead of calling it. Safe from
+        any handler of the step: the request takes effect once the step's STEP_END handlers
+        have all run.
         """
-        self.sleep_requests.append((component, step))
+        self.sleep_requests.append((component, step, event))
 
     def watch_loss(self, component: Component, watcher: LossWatcher | None,
                    above: float = math.inf) -> None:
@@ -175,6 +185,42 @@ class RunContext:
             self._time_keeper = None
         self._refresh_loop_times()
         return self._loop_times
+
+    def keep_step_values(self, component: Component, key: str, on: bool = True) -> StepValues:
+        """Have the kernel note the metric ``key`` of every ``run.step`` (``step_values``), for
+        ``component`` to read in bulk (``take()``) while it sleeps through the steps
+        (:meth:`sleep_until`) instead of a handler per step; ``on=False`` when it no longer
+        reads them. While it is off or paused, nothing is noted. One reader per run (the
+        monitor, for the loss)."""
+        if on:
+            if self._step_values is None or self._step_values.key != key:
+                self._step_values = StepValues(key)
+            self._values_keeper = component
+        elif self._values_keeper is component:
+            self._values_keeper = None
+        self._refresh_step_values()
+        assert self._step_values is not None or not on
+        return self._step_values  # type: ignore[return-value]
+
+    def _refresh_step_values(self) -> None:
+        keeper = self._values_keeper
+        kept = keeper is not None and id(keeper) not in self._paused
+        self.step_values = self._step_values if kept else None
+
+    def _keepable(self, value: Any) -> Any:
+        """A step's value as StepValues keeps it: the host number of a CPU tensor, a device
+        tensor detached from its graph, anything else as is."""
+        value = self.host_scalar(value)
+        detach = getattr(value, "detach", None)
+        return detach() if detach is not None else value
+
+    def wake(self, component: Component, event: Event = Event.STEP_END) -> None:
+        """Call a component that sleeps (:meth:`sleep_until`) at this step's ``event`` after
+        all: for a loss watcher that saw something worth a look. Not from a handler of that
+        same event (the list the kernel iterates would change under it)."""
+        if self._sleepers.pop((id(component), event), None) is not None:
+            self.subscribe(component, event, True)
+            self._next_wake()
 
     def _refresh_loop_times(self) -> None:
         keeper = self._time_keeper
@@ -211,7 +257,10 @@ class RunContext:
         """The step's gradients exist, its update has not been made: noted (a component not
         called after every backward still knows this step's backward and loss), then
         AFTER_BACKWARD's handlers. ``run.backward`` and the adapters both end here."""
-        self.backward_step, self.backward_loss = self.state.step + 1, loss
+        step = self.backward_step = self.state.step + 1
+        self.backward_loss = loss
+        if step >= self.backward_wake_step:
+            self._wake_sleepers(step, Event.AFTER_BACKWARD)
         for handler in self.handlers[Event.AFTER_BACKWARD]:
             handler(self, loss)
 
@@ -223,8 +272,14 @@ class RunContext:
             times.step_ended(time.perf_counter(), metrics)
         state = self.state
         state.step += 1
+        kept = self.step_values
+        if kept is not None:  # before any handler: the reader may be woken at this step
+            value = metrics.get(kept.key)
+            kept.steps.append(state.step)
+            kept.values.append(value if value.__class__ is float or value is None
+                               else self._keepable(value))
         if state.step >= self.wake_step:
-            self._wake_sleepers(state.step)
+            self._wake_sleepers(state.step, Event.STEP_END)
         for handler in self.handlers[Event.STEP_END]:
             handler(self, metrics)
         if self.host_reads:
@@ -234,21 +289,30 @@ class RunContext:
 
     def _put_to_sleep(self) -> None:
         step = self.state.step
-        for component, until in self.sleep_requests:
+        for component, until, event in self.sleep_requests:
+            key = (id(component), event)
             if until > step + 1:  # sleeping through no step is not worth the bookkeeping
-                self._sleepers[id(component)] = (component, until)
-                self.subscribe(component, Event.STEP_END, False)
+                self._sleepers[key] = (component, until)
+                self.subscribe(component, event, False)
+            elif self._sleepers.pop(key, None) is not None:
+                self.subscribe(component, event, True)
         self.sleep_requests.clear()
         self._next_wake()
 
     def _next_wake(self) -> None:
-        self.wake_step = min((until for _, until in self._sleepers.values()), default=math.inf)
+        wake = backward = math.inf
+        for (_, event), (_, until) in self._sleepers.items():
+            if event is Event.STEP_END:
+                wake = min(wake, until)
+            else:
+                backward = min(backward, until)
+        self.wake_step, self.backward_wake_step = wake, backward
 
-    def _wake_sleepers(self, step: int) -> None:
+    def _wake_sleepers(self, step: int, event: Event) -> None:
         for key, (component, until) in list(self._sleepers.items()):
-            if until <= step:
+            if key[1] is event and until <= step:
                 del self._sleepers[key]
-                self.subscribe(component, Event.STEP_END, True)
+                self.subscribe(component, event, True)
         self._next_wake()
 
     def is_subscribed(self, component: Component, event: Event) -> bool:
@@ -264,6 +328,7 @@ class RunContext:
             self._refresh(event)
         self._refresh_watches()
         self._refresh_loop_times()
+        self._refresh_step_values()
 
     def wrap_handlers(self, wrap: Callable[[Callable[..., None]], Callable[..., None]],
                       events: Iterable[Event] = tuple(Event)) -> None:

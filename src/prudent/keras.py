@@ -213,7 +213,7 @@ class PrudentCallback(keras.callbacks.Callback):
             # hot, not a step later in a component that still held the loss)
             loss = loss.detach()
         self._loss = loss
-        self.adapter.after_backward(loss)
+        self.adapter.loss_ready(loss)
         view = self._view
         if view is None or "step" not in vars(view):
             # straight to Keras: the view's step() goes through torch's step wrapper (a

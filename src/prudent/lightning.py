@@ -212,7 +212,7 @@ class PrudentCallback(_pl.Callback):
             _drop_update(trainer, optimizer)
             return
         before = vars(optimizer).get("step")
-        self.adapter.after_backward(loss)
+        self.adapter.loss_ready(loss)
         if vars(optimizer).get("step") is not before:
             _skip_update_under_way(trainer, optimizer)
 

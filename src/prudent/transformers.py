@@ -257,7 +257,7 @@ class PrudentCallback(TrainerCallback):
             self._rollback.skip_left if self._rollback is not None else 0)
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        inner, ctx = self._optimizer, self.adapter.ctx
+        inner = self._optimizer
         before = vars(inner).get("step") if inner is not None else None
         if self._drop_batch(state):
             # every batch of this step is one a rollback skips (a skip starts at a step): no
@@ -269,8 +269,7 @@ class PrudentCallback(TrainerCallback):
             # the step's loss, judged before the update (loss_spike's skip), as run.backward()
             # announces it; the Trainer has no hook between forward and backward, so its
             # gradients exist already
-            ctx.before_backward(self._loss)
-            self.adapter.after_backward(self._loss)
+            self.adapter.loss_ready(self._loss)
         if inner is not None and vars(inner).get("step") is not before and (
                 self._wrapper is not inner):
             # a component made this step's update a no-op (loss_spike's skip): the Trainer

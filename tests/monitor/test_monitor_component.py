@@ -34,7 +34,8 @@ def monitored_run(home: Path, stream: io.StringIO | None = None, **monitor: Any)
 
 
 def train(run: prudent.Run, epochs: int = 5, poison_at: int | None = None, lr: float = 0.1,
-          after_epoch: Callable[[int], None] | None = None) -> torch.optim.Optimizer:
+          after_epoch: Callable[[int], None] | None = None, run_backward: bool = True
+          ) -> torch.optim.Optimizer:
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     run.attach(model=model, optimizer=opt)
@@ -45,7 +46,10 @@ def train(run: prudent.Run, epochs: int = 5, poison_at: int | None = None, lr: f
                     x = x.clone()
                     x[0, 0] = float("nan")
                 loss = F.cross_entropy(model(x), y)
-                run.backward(loss)
+                if run_backward:
+                    run.backward(loss)
+                else:  # the loop's own backward: the kernel's loss watch sees nothing
+                    loss.backward()
                 opt.step()
                 opt.zero_grad()
                 run.step(loss=loss)
@@ -83,6 +87,31 @@ def test_a_nan_loss_on_the_host_stops_the_run_at_its_own_step_with_its_reason(
     assert event["message"].startswith("loss is NaN at step 25 (last finite ")
     assert console.getvalue() == (f"prudent | {run.id} | rule non_finite: {event['message']} "
                                   "-> stopping the run\n")
+
+
+@pytest.mark.parametrize("run_backward", [True, False], ids=["run.backward", "loss.backward"])
+def test_the_monitor_sleeps_through_steps_the_loss_watch_sees_and_still_stops_a_nan_at_once(
+        home: Path, run_backward: bool) -> None:
+    run, monitor = monitored_run(home)
+    called: list[int] = []
+
+    def counted(handler: Callable[..., None]) -> Callable[..., None]:
+        if getattr(handler, "__self__", None) is not monitor:
+            return handler
+
+        def count(ctx: Any, *args: Any) -> None:
+            called.append(ctx.state.step)
+            handler(ctx, *args)
+        return count
+    run.context.wrap_handlers(counted, [prudent.events.Event.STEP_END])
+    train(run, epochs=10, poison_at=237, run_backward=run_backward)
+    assert (run.stop_reason, run.state.step) == ("rule:non_finite", 237)  # at its own step
+    assert rule_events(home, run)[0]["payload"]["detected_at"] == 237
+    if run_backward:  # the kernel keeps the losses and flags the NaN: called on some steps
+        # only (checks every 10 steps and memory every 5 on this short run: ~70 calls)
+        assert 237 in called and len(called) < 237 / 2, len(called)
+    else:  # no loss watch: every step's loss is looked at by the monitor itself
+        assert called == list(range(1, 238))
 
 
 def test_validation_that_worsens_while_training_improves_stops_as_overfitting(home: Path) -> None:

@@ -180,6 +180,16 @@ class AdapterRun:
         """Gradients exist, the optimizer has not stepped: gradient rules and capture."""
         self.ctx.after_backward(loss)
 
+    def loss_ready(self, loss: Any) -> None:
+        """The step's loss, its gradients computed, its update not made: the kernel's loss
+        watch, as ``run.backward`` announces it (a NaN flagged, an outlier's update skipped;
+        the frameworks have no hook between forward and backward that sees each optimizer
+        step's whole loss), then :meth:`after_backward`. With the watch the monitor sleeps
+        through the steps that need no look instead of reading every loss itself."""
+        if loss is not None:
+            self.ctx.before_backward(loss)
+        self.ctx.after_backward(loss)
+
     def step_end(self, **metrics: Any) -> StopReason | None:
         """One optimizer step done: metrics, rules, checkpoint when due, budget, preemption.
         Returns the stop the framework must make now, if any (see :meth:`take_stop`)."""

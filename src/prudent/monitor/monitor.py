@@ -35,6 +35,7 @@ from prudent.monitor.stats import StepStats
 from prudent.monitor.watchdog import StallWatchdog, dump_stacks
 from prudent.monitor.webhook import WebhookSender
 from prudent.optimizer_step import put_back_step, replace_next_step
+from prudent.step_values import StepValues
 from prudent.stop import StopReason
 
 if TYPE_CHECKING:
@@ -78,7 +79,6 @@ class Monitor(Component):
         self._interrupting = False
         self._num_logs = 0
         self._loss_key = self.settings.loss_key
-        self._backward_hooked = True  # start-up: norms on every step until a window is measured
         self._fitted_for: int | None = None  # the planned length the rules were sized to
         self._said_blind: set[str] = set()
         self._skipped: list[Any] = []  # optimizers whose next step is a no-op
@@ -86,6 +86,9 @@ class Monitor(Component):
         spike = self.rules.get("loss_spike")
         self._skipper = spike if spike is not None and "skip" in spike.settings.action else None
         self._watched_above: float | None = None  # the threshold the kernel's loss watch has
+        self._device_loss_seen = False  # a loss on a device: nothing to watch on the host
+        self._check_now = False  # the watch saw a non-finite loss: a check at this step's end
+        self._kept: StepValues | None = None  # each step's loss, kept by the kernel
         self._verdict_due: int | None = None  # a check a rule asked for (see _ask_verdicts)
         self._sample_every: int | None = None  # the interval a sooner sample replaced
         self._last_sample: int | None = None
@@ -113,7 +116,8 @@ class Monitor(Component):
                                                                               "webhook_failed", m))
         if "stalled" in self.rules:
             self._start_watchdog(run)
-        self._watch_losses(run)  # before the threshold is known too: a device loss is seen
+        self._kept = run.keep_step_values(self, self._loss_key)
+        self._watch_losses(run)  # before the thresholds are known too: a NaN, a device loss
         if any("rollback" in rule.settings.action for rule in self.rules.values()):
             rollback = self._rollback()
             rollback.state = run.state  # a skip restored from a checkpoint counts its batches
@@ -124,16 +128,37 @@ class Monitor(Component):
         self._watched.update((id(o), o) for o in objects.values())
 
     def _loss_watched(self, run: RunContext, loss: Any, value: Any) -> None:
-        """The kernel's loss watch: a loss above loss_spike's skip threshold, NaN, or one on a
-        device (every other step of a loop that announces its loss before backward costs
-        the kernel one comparison, and this component nothing)."""
+        """The kernel's loss watch, before the step's backward: a host loss that is not finite
+        (checked at this step's end), far above the last window's mean (this step's gradient
+        norm is measured), above loss_spike's skip threshold (judged for a skip), or a loss on
+        a device. Every other step costs the kernel one comparison and this component nothing:
+        it sleeps through them (see :meth:`_sleep`)."""
+        if value.__class__ is not float:  # on a device: judged for a skip only if allowed
+            if self._skipper is not None:
+                self._judge_value(run, value)
+            if self._skipper is None:
+                self._device_loss_seen = True
+                self._watch_losses(run)  # a watch that would call us on every step: off
+            return
+        if value - value != 0.0:  # NaN or infinite
+            self._check_now = True
+            run.wake(self)
+        elif value > self.stats.loss_jump_at:
+            self.stats.look_closer(run.state.step)  # this step's gradient norm is measured
+            run.wake(self, Event.AFTER_BACKWARD)
         self._judge_value(run, value)
 
     def _watch_losses(self, run: RunContext) -> None:
-        """Keep the kernel's loss watch at loss_spike's threshold (it moves at each check);
-        none once the skip is off (a device loss the user would not wait for)."""
+        """Keep the kernel's loss watch at the lowest bar it must look above (loss_spike's skip
+        threshold moves at each check, the loss jump at each window); none once the loss is
+        seen on a device with no skip to judge (a device loss the user would not wait for)."""
         skipper = self._skipper
-        above = None if skipper is None else skipper.skip_above
+        if self._device_loss_seen and skipper is None:
+            above = None
+        else:
+            above = self.stats.loss_jump_at
+            if skipper is not None:
+                above = min(above, skipper.skip_above)
         if above != self._watched_above:
             self._watched_above = above
             run.watch_loss(self, None if above is None else self._loss_watched,
@@ -155,36 +180,58 @@ class Monitor(Component):
 
     def on_after_backward(self, run: RunContext, loss: Any) -> None:
         step = run.state.step + 1
-        if self._skipper is not None and run.loss_watched_step != step:
+        judging = self._skipper is not None and run.loss_watched_step != step
+        if judging:
             # an adapter's loop with no point before backward: judged here, and this hook
-            # stays on every step (on_step_end keeps it subscribed)
+            # stays on every step
             self._judge_loss(run, loss)
         stats = self.stats
         if step >= stats.backward_due:
+            bursting = stats.bursting
             stats.after_backward(step)
+            if stats.bursting and not bursting:
+                run.wake(self)  # a jump in the norm: the rules look sooner while it lasts
+        if not judging:
+            run.sleep_until(self, stats.backward_due, Event.AFTER_BACKWARD)
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
+        """A step whose end needs a look (a check, a sample, a loss the watch flagged), with the
+        steps slept through before it; every step when the kernel's loss watch does not see
+        the loop's host losses."""
         stats = self.stats
         if self._skipped:
             self._unskip()  # the loop never called optimizer.step() (a GradScaler's inf)
         step = run.state.step
-        if stats.step_end(step, run.host_scalar(metrics.get(self._loss_key))):
+        steps, losses = self._kept.take() if self._kept is not None else ([], [])
+        if not steps or steps[-1] != step:  # the kernel kept nothing for us (paused until now)
+            steps, losses = steps + [step], losses + [metrics.get(self._loss_key)]
+        watched = run.loss_watched_step == step and self._watched_above is not None
+        due = stats.add_steps(steps, losses, judged=watched)
+        if due or self._check_now:
+            self._check_now = False
             started = time.perf_counter()
             self.check(run)
             stats.check_took(time.perf_counter() - started)
             if self._verdict_due is not None:
                 self._check_at(step)
-        skipper = self._skipper
-        if skipper is not None and skipper.skip_above != self._watched_above:
-            self._watch_losses(run)  # a check (or a restored state) moved the threshold
-        if skipper is None or run.loss_watched_step == step:
-            # gradients are measured on some steps only: on the others after_backward is not
-            # called (when each step's loss is judged after backward, as in an adapter's loop,
-            # it is, every step)
-            wanted = step + 1 >= stats.backward_due
-            if wanted is not self._backward_hooked:
-                self._backward_hooked = wanted
-                run.subscribe(self, Event.AFTER_BACKWARD, wanted)
+        self._watch_losses(run)  # a check (or a restored state) moved a threshold
+        if self._skipper is None or run.loss_watched_step == step:
+            # gradients are measured on some steps only: after_backward sleeps until the
+            # next (a check may have moved it), unless each step's loss is judged after
+            # backward, as in an adapter's loop
+            run.sleep_until(self, stats.backward_due, Event.AFTER_BACKWARD)
+        else:
+            run.wake(self, Event.AFTER_BACKWARD)
+        self._sleep(run, step, watched or losses[-1].__class__ is not float)
+
+    def _sleep(self, run: RunContext, step: int, may: bool) -> None:
+        """Sleep through the steps until the next one that needs a look (``stats.next_due``):
+        the kernel keeps their losses and its watch flags a NaN, a jump or an outlier among
+        them (``may``: it sees the loop's host losses, or there are none to see)."""
+        if may:
+            wake = self.stats.next_due(step)
+            if wake > step + 1:
+                run.sleep_until(self, wake)
 
     # skipping an outlier's update -----------------------------------------------------------
     def _judge_update(self, run: RunContext, step: int, value: float) -> None:
@@ -192,6 +239,7 @@ class Monitor(Component):
         skipper = self._skipper
         if skipper is not None and skipper.skips(step, value):  # type: ignore[attr-defined]
             self._skip_next_update()
+            run.wake(self)  # its end puts the optimizers' step back
             run.record_event(EventKind.MONITOR, "skipped_update",
                              skipper.describe_skip(step, value),  # type: ignore[attr-defined]
                              step=step, loss=value, rule="loss_spike")
@@ -228,6 +276,7 @@ class Monitor(Component):
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self._num_logs += 1  # progress, for the watchdog
         self.check(run, metrics)
+        run.wake(self)  # the check may have moved what is due next: planned again at the step
 
     def on_stop_requested(self, run: RunContext, reason: StopReason) -> None:
         if self._watchdog is not None:
@@ -269,6 +318,8 @@ class Monitor(Component):
     # judging ------------------------------------------------------------------------------
     def check(self, run: RunContext, logged: dict[str, float] | None = None) -> list[Firing]:
         """Run every rule on the statistics gathered since the last check; act on findings."""
+        if self._kept is not None:  # the steps slept through (a log, the end)
+            self.stats.add_steps(*self._kept.take(), judged=True)
         window = self.stats.take_window()
         planned = _planned_steps(run)
         if planned is not None and planned != self._fitted_for and self.settings.size_to_run:

@@ -28,7 +28,7 @@ _SAMPLED_ELEMENTS = 4096  # per weight tensor, for the update ratio
 _MAX_NORM_STRIDE = 32  # auto never measures the gradient norm less often than this
 # ...nor more often than this when every step's loss is on the host (training on the CPU) and
 # one norm costs more than _DEAR_NORM of a step: the loss is then the early warning (a jump
-# measures the next norm at once, see _look_closer), and a dear norm on one step in ten moves
+# measures the next norm at once, see look_closer), and a dear norm on one step in ten moves
 # the median step (10% of the steps carry it)
 _HOST_LOSS_NORM_STRIDE = 16
 # ...and, then, as rarely as overhead_budget asks up to this: every such norm is a step above
@@ -171,21 +171,56 @@ class StepStats:
         return norm
 
     def step_end(self, step: int, loss: Any) -> bool:
-        """Record the step; True when a window is due."""
-        self._steps.append(step)
-        if loss.__class__ is not float:  # most steps: the kernel has read the CPU loss already
-            loss = self._kept_loss(loss)
-        self._loss.append(loss)
-        if loss.__class__ is float:
-            if loss - loss != 0.0:  # NaN or infinite
-                return True  # a value already on the host: judge it now, not a window later
-            if loss > self._loss_jump_at:
-                self._look_closer(step)
+        """Record one step; True when a window is due."""
+        return self.add_steps([step], [loss])
+
+    def add_steps(self, steps: list[int], losses: list[Any], judged: bool = False) -> bool:
+        """Record the steps since the last call with their losses (the kernel keeps them while
+        the monitor sleeps, see :class:`~prudent.step_values.StepValues`); True when a window
+        is due. ``judged``: the kernel's loss watch has already looked at each host loss (a
+        NaN, a jump, see :attr:`loss_jump_at`), so they are only kept."""
+        if not steps:
+            return False
+        self._steps += steps
+        for loss in losses:
+            if loss.__class__ is not float:  # most steps: the kernel has read the CPU loss already
+                losses = [v if v.__class__ is float else self._kept_loss(v) for v in losses]
+                break
+        self._loss += losses
+        due = False
+        if not judged:
+            jump_at = self._loss_jump_at
+            for step, loss in zip(steps, losses):
+                if loss.__class__ is float:
+                    if loss - loss != 0.0:  # NaN or infinite
+                        due = True  # a value already on the host: judged now, not a window later
+                    elif loss > jump_at:
+                        self.look_closer(step)
+        step = steps[-1]
         if step >= self._step_end_due:
             self._sample_step_end(step)
-        # while a jump in the gradient norm is being followed, the rules look every
-        # check_every_steps however rare checks have become (an explosion takes a few dozen steps)
-        return len(self._steps) >= (self.min_check_every if self._burst else self.check_every)
+        return due or len(self._steps) >= self.window_steps()
+
+    def window_steps(self) -> int:
+        """Steps a window gathers: while a jump in the gradient norm is being followed, the
+        rules look every check_every_steps however rare checks have become (an explosion
+        takes a few dozen steps)."""
+        return self.min_check_every if self._burst else self.check_every
+
+    @property
+    def loss_jump_at(self) -> float:
+        """A host loss above this is looked at closer (see :meth:`look_closer`)."""
+        return self._loss_jump_at
+
+    @property
+    def bursting(self) -> bool:
+        """A jump in the gradient norm is being followed (a norm on every step)."""
+        return self._burst > 0
+
+    def next_due(self, step: int) -> int:
+        """After ``step``, the next step whose end needs the monitor: a window due, or a layer
+        or memory sample (or the activation hooks' arming)."""
+        return min(step + max(1, self.window_steps() - len(self._steps)), self._step_end_due)
 
     def _kept_loss(self, loss: Any) -> Any:
         """A loss as the window keeps it: a float, or a detached device tensor read later."""
@@ -196,7 +231,7 @@ class StepStats:
             return loss.detach()
         return None if loss is None else _number(loss)  # an int, a NumPy number
 
-    def _look_closer(self, step: int) -> None:
+    def look_closer(self, step: int) -> None:
         """A loss far above the last window's mean: measure the next step's gradient norm
         whatever the stride (an explosion grows the loss 10x a step for a few dozen steps
         before it overflows; a sparse stride would see none of it). A jump in the norm then
