@@ -46,6 +46,19 @@ def test_a_lasting_spike_fires_with_the_step_it_began() -> None:
     assert rule.check(steady(111, 10)) is None  # the baseline from before the spike stayed
 
 
+def test_a_loss_near_its_floor_whose_hard_batches_run_five_in_a_row_is_no_spike() -> None:
+    """Lightning's digits MLP at a loss of ~0.04 (per-batch deviation ~0.04): 5 steps at
+    0.10-0.40, 2.5-10x the mean but mostly within 3 deviations, were rolled back to step 1."""
+    rule = LossSpikeRule(LossSpikeRule.Settings(warmup_steps=0))
+    floor = [0.04 + 0.04 * math.sin(1.7 * step) ** 3 for step in range(1, 129)]  # mean ~0.04
+    rule.check(Window(steps=list(range(1, 129)), loss=floor))  # type: ignore[arg-type]
+    hard = [0.14, 0.12, 0.10, 0.13, 0.11, 0.04]  # 2.5-3.5x the mean, under mean + 3 deviations
+    assert rule.check(Window(steps=list(range(129, 135)), loss=hard)) is None  # type: ignore[arg-type]
+    spike = [0.9, 0.8, 0.9, 0.85, 0.9]  # the same 5 steps, 20 deviations up: a spike
+    finding = rule.check(Window(steps=list(range(135, 140)), loss=spike))  # type: ignore[arg-type]
+    assert finding is not None and finding.since == 135
+
+
 def run_with(home: Path, spoil: Any, steps_per_epoch: int = 32, epochs: int = 6,
              checkpoints: bool = False, **monitor: Any) -> tuple[prudent.Run, list[dict[str, Any]],
                                                                dict[int, bool]]:
@@ -140,6 +153,28 @@ def test_a_lasting_spike_is_rolled_back_past_its_data(tmp_path: Path) -> None:
     assert rollback["payload"]["spike_step"] == 101
     assert "skipping the next 8 batches" in rollback["message"]
     assert any(e["name"] == "restored" for e in events)
+
+
+def test_a_rollback_never_goes_further_back_than_max_steps_back_it_stops_instead(
+        tmp_path: Path) -> None:
+    # checkpoints every 20 steps: the newest before the spike at step 101 is step 96, 5 back
+    run, events, _ = run_with(tmp_path / ".prudent",
+                              lambda step, x: -x if 101 <= step <= 112 else x,
+                              checkpoints=True, actions={"rollback": {"max_steps_back": 4}})
+    assert (run.status, run.stop_reason) == ("stopped", "rule:loss_spike")
+    (fired,) = [e for e in events if e["kind"] == "rule"]
+    assert "no checkpoint from within 4 steps before step 101" in fired["payload"]["outcome"]
+    assert not any(e["name"] in ("rollback", "restored") for e in events)
+
+
+def test_after_a_rollback_beyond_its_baseline_the_spike_baseline_is_learnt_again() -> None:
+    rule = LossSpikeRule(LossSpikeRule.Settings(warmup_steps=0))
+    rule.check(steady(1, 128, level=0.1))
+    rule.rewound(40)  # back to weights the window's losses were made by: the baseline stays
+    assert rule.skip_above < 0.2
+    rule.rewound(500)  # further back than the window: the restored weights' loss is no spike
+    assert rule.skip_above == math.inf and len(rule.recent) == 0
+    assert rule.check(steady(129, 10, level=2.3)) is None
 
 
 def test_after_max_rollbacks_the_next_spike_stops_the_run(tmp_path: Path) -> None:

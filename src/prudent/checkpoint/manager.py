@@ -208,10 +208,11 @@ class Checkpointer(Component):
         return name
 
     def restore(self, run: RunContext, *, before_step: int | None = None,
-                name: str | None = None) -> tuple[str, int] | None:
+                name: str | None = None, not_before: int | None = None) -> tuple[str, int] | None:
         """Load into the attached objects (model, optimizer, scheduler, ...) the newest good
-        checkpoint older than ``before_step``, or the one called ``name``; the counters go on.
-        Returns its name and step, or None when there is none."""
+        checkpoint older than ``before_step`` (and not older than ``not_before``), or the one
+        called ``name``; the counters go on. Returns its name and step, or None when there is
+        none."""
         if self.writer is None or self.storage is None:
             return None
         self.writer.wait()
@@ -222,6 +223,8 @@ class Checkpointer(Component):
                 continue
             if before_step is not None and step >= before_step:
                 continue
+            if not_before is not None and step < not_before:
+                return None  # the rest are older still
             payload = load_checkpoint(self.storage, candidate)
             if payload is None:
                 continue

@@ -167,6 +167,7 @@ class RollbackAction(Action):
         self.skips_batches = False  # the loop uses run.batches: skipping data is possible
         self.state: Any = None  # the run's counters (the monitor's start): a skipped batch
         # moves the epoch on
+        self.last: tuple[int, int] | None = None  # the last rollback: spike's step, restored step
 
     def apply(self, run: RunContext, firing: Firing) -> str:
         s, finding = self.settings, firing.finding
@@ -175,11 +176,18 @@ class RollbackAction(Action):
             return self._stop(run, firing, f"{self.count} rollbacks already (max_rollbacks "
                               f"{s.max_rollbacks})")
         service = run.checkpoints
-        restored = service.restore(run, before_step=spike) if service is not None else None
+        back = self._max_steps_back(run)
+        restored = service.restore(run, before_step=spike, not_before=None if back is None
+                                   else spike - back) if service is not None else None
         if restored is None:
-            return self._stop(run, firing, f"no checkpoint from before step {spike} to roll "
-                              "back to" + ("" if service is not None else " (checkpoints off)"))
+            within = "" if back is None else f" within {back} steps"
+            return self._stop(run, firing, f"no checkpoint from{within} before step {spike} to "
+                              "roll back to" + (
+                                  " (checkpoints off)" if service is None else "" if back is None
+                                  else " (an older one would be a restart, not a repair: "
+                                  "monitor.actions.rollback.max_steps_back, checkpoint.every)"))
         name, step = restored
+        self.last = (spike, step)
         self.count += 1
         lr = self._scale_lr(run)
         self.skip_left = s.skip_batches if self.skips_batches else 0
@@ -193,6 +201,14 @@ class RollbackAction(Action):
                          rule=firing.rule, checkpoint=name, checkpoint_step=step,
                          spike_step=spike, skip_batches=self.skip_left, count=self.count)
         return message
+
+    def _max_steps_back(self, run: RunContext) -> int | None:
+        if self.settings.max_steps_back is not None:
+            return self.settings.max_steps_back
+        state = run.state
+        planned = state.num_steps or (state.num_epochs * state.batches_per_epoch
+                                      if state.num_epochs and state.batches_per_epoch else None)
+        return None if planned is None else max(100, planned // 10)
 
     def _scale_lr(self, run: RunContext) -> str:
         factor = self.settings.lr_factor

@@ -350,11 +350,16 @@ class Monitor(Component):
         return firings
 
     def _rolled_back(self) -> None:
-        """Rules that smooth the loss forget the steps a rollback took back."""
+        """Rules that smooth the loss forget the steps a rollback took back; loss_spike's
+        baseline too when the weights went back beyond it (its losses were of weights trained
+        further: the restored ones' loss would read as a spike that lasts)."""
         for rule in self.rules.values():
             forget = getattr(rule, "rolled_back", None)
             if forget is not None:
                 forget()
+        spike, last = self.rules.get("loss_spike"), self._rollback().last
+        if spike is not None and last is not None:
+            spike.rewound(last[0] - last[1])  # type: ignore[attr-defined]
 
     def _ask_verdicts(self, run: RunContext, window: Window) -> None:
         """The soonest step at which a rule says it may reach a verdict (``verdict_due``: a

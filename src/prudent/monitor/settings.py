@@ -65,6 +65,12 @@ class RollbackSettings(BaseModel):
                              "after each rollback (OPT-175B restarted with a lower one; 1: keep).")
     max_rollbacks: int = Field(3, ge=0, description="After this many rollbacks in a run, the "
                                "next spike stops it (with a checkpoint).")
+    max_steps_back: int | None = Field(None, ge=1, description="A rollback goes back at most "
+                                       "this many steps before the spike began: from an older "
+                                       "checkpoint it would be a restart, not a repair, and the "
+                                       "run stops instead (with a checkpoint). Default: a "
+                                       "tenth of the planned run, at least 100 steps (PaLM: "
+                                       "~100); no limit when the length is unknown.")
 
 
 class AlertSettings(BaseModel):
