@@ -133,6 +133,39 @@ def test_only_corrupt_checkpoints_start_fresh_or_refuse_when_strict(
         prudent.init(name="r", settings=strict, exit_on_stop=False)
 
 
+def train_sampling(settings: ProjectSettings, stop_at: int | None = None) -> dict[str, Any]:
+    """A nanoGPT-style loop whose batches come from the script's own torch.Generator."""
+    torch.manual_seed(0)
+    data = torch.randn(500, 8)
+    model = torch.nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sampling = torch.Generator().manual_seed(7)
+    run = prudent.init(name="g", settings=settings, exit_on_stop=False)
+    if stop_at:
+        run.context.add_component(StopAtStep(stop_at))
+    run.attach(model=model, optimizer=opt, sampling=sampling)
+    with run:
+        for _ in run.steps(20):
+            x = data[torch.randint(len(data), (16,), generator=sampling)]
+            loss = F.cross_entropy(model(x), (x[:, 0] > 0).long())
+            run.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            run.step(loss=loss)
+    return {"status": run.status, "step": run.state.step, "model": model.state_dict()}
+
+
+def test_a_scripts_own_generator_attached_resumes_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
+    reference = train_sampling(make_settings(tmp_path))
+    monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
+    assert train_sampling(make_settings(tmp_path), stop_at=9)["step"] == 9
+    resumed = train_sampling(make_settings(tmp_path))
+    assert resumed["status"] == "completed" and resumed["step"] == 20
+    assert same(reference["model"], resumed["model"])  # the same batches drawn after step 9
+
+
 def test_attaching_something_that_cannot_be_restored_is_an_error(settings: ProjectSettings) -> None:
     run = prudent.init(name="r", settings=settings, exit_on_stop=False)
     with pytest.raises(prudent.ConfigError, match=r"run.attach\(epochs=...\) got a int"):

@@ -16,6 +16,8 @@ __all__ = ["check_saveable", "restore_object", "state_of"]
 
 
 def state_of(obj: Any) -> Any:
+    if isinstance(obj, torch.Generator):  # a script's own sampling generator: its state bytes
+        return obj.get_state()
     return obj.state_dict() if hasattr(obj, "state_dict") else obj
 
 
@@ -23,6 +25,8 @@ def restore_object(obj: Any, saved: Any) -> None:
     """Load ``saved`` into ``obj`` in place (the script keeps its references)."""
     if hasattr(obj, "load_state_dict"):
         obj.load_state_dict(saved)
+    elif isinstance(obj, torch.Generator):
+        obj.set_state(saved)
     elif isinstance(obj, torch.Tensor):
         with torch.no_grad():
             obj.copy_(saved)
@@ -36,8 +40,9 @@ def restore_object(obj: Any, saved: Any) -> None:
 def check_saveable(key: str, obj: Any) -> None:
     if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
         return
-    if isinstance(obj, (dict, list, torch.Tensor)):
+    if isinstance(obj, (dict, list, torch.Tensor, torch.Generator)):
         return
     raise ConfigError(
         f"run.attach({key}=...) got a {type(obj).__name__}, which prudent cannot restore in "
-        "place: attach objects with state_dict()/load_state_dict(), tensors, dicts or lists")
+        "place: attach objects with state_dict()/load_state_dict(), tensors, torch.Generator, "
+        "dicts or lists")
