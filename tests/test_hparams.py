@@ -25,6 +25,19 @@ def test_unknown_key_lists_known_keys() -> None:
     assert "known keys: lr, model, model.hidden" in str(err.value)
 
 
+def test_a_settings_section_passed_to_set_says_where_it_goes_instead() -> None:
+    sections = ("monitor", "checkpoint")
+    with pytest.raises(ConfigError) as info:
+        apply_overrides({"lr": 0.1}, {"monitor.rules.loss_spike.min_sigmas": 2}, sections)
+    assert str(info.value) == (
+        "--set monitor.rules.loss_spike.min_sigmas: 'monitor' is a section of prudent.yaml, not "
+        "a key of the run's config: --set changes hyperparameters only. Put it in prudent.yaml "
+        "instead: monitor: {rules: {loss_spike: {min_sigmas: ...}}}")
+    # a config of the user's own with such a key is the user's: overridden as any other
+    assert apply_overrides({"monitor": {"every": 1}}, {"monitor.every": 2}, sections) == {
+        "monitor": {"every": 2}}
+
+
 def test_dotted_keys_reach_nested_values_without_touching_the_original() -> None:
     original = {"model": {"hidden": 8, "act": "relu"}}
     assert apply_overrides(original, {"model.hidden": 16}) == {"model": {"hidden": 16, "act": "relu"}}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -39,10 +39,22 @@ def parse_set_args(items: Iterable[str]) -> dict[str, Any]:
     return parsed
 
 
-def apply_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``config`` with ``overrides`` applied; dotted keys reach into nested dicts."""
+def apply_overrides(config: Mapping[str, Any], overrides: Mapping[str, Any],
+                    settings_sections: Collection[str] = ()) -> dict[str, Any]:
+    """A copy of ``config`` with ``overrides`` applied; dotted keys reach into nested dicts.
+    ``settings_sections``: prudent.yaml's sections (``monitor``, ``checkpoint``, ...), named in
+    the error when a key the config lacks starts with one."""
     result = copy.deepcopy(dict(config))
     for key, value in overrides.items():
+        section = key.split(".", 1)[0]
+        if section not in result and section in settings_sections:
+            parts = key.split(".")
+            yaml_text = (f"{section}: " + "".join(f"{{{part}: " for part in parts[1:]) + "..."
+                         + "}" * (len(parts) - 1))
+            raise ConfigError(
+                f"--set {key}: {section!r} is a section of prudent.yaml, not a key of the run's "
+                f"config: --set changes hyperparameters only. Put it in prudent.yaml instead: "
+                f"{yaml_text}")
         parent, leaf = _locate(result, key)
         parent[leaf] = _coerce(key, parent[leaf], value)
     return result

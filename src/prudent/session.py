@@ -45,7 +45,7 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
     try:
         settings = settings or load_settings()
         spec = LaunchSpec.from_env()
-        resolved = apply_overrides(config or {}, spec.overrides)
+        resolved = apply_overrides(config or {}, spec.overrides, ProjectSettings.model_fields)
         run_id = validate_run_id(spec.run_id or _shared_run_id(name, ranks))
     except ConfigError as exc:
         return _bad_input(exc, exit_on_stop)
