@@ -191,16 +191,16 @@ class RunContext:
         ``component`` to read in bulk (``take()``) while it sleeps through the steps
         (:meth:`sleep_until`) instead of a handler per step; ``on=False`` when it no longer
         reads them. While it is off or paused, nothing is noted. One reader per run (the
-        monitor, for the loss)."""
+        monitor, for the loss): a second caller, or another key, starts a list of its own."""
+        values = self._step_values
         if on:
-            if self._step_values is None or self._step_values.key != key:
-                self._step_values = StepValues(key)
+            if values is None or values.key != key:
+                values = self._step_values = StepValues(key)
             self._values_keeper = component
         elif self._values_keeper is component:
             self._values_keeper = None
         self._refresh_step_values()
-        assert self._step_values is not None or not on
-        return self._step_values  # type: ignore[return-value]
+        return values if values is not None else StepValues(key)
 
     def _refresh_step_values(self) -> None:
         keeper = self._values_keeper

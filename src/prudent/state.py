@@ -28,6 +28,16 @@ class RunState:
     num_steps: int | None = None
     epoch_rng: dict[str, Any] | None = None
 
+    @property
+    def planned_steps(self) -> int | None:
+        """The run's planned length: ``num_steps``, or ``num_epochs`` x ``batches_per_epoch``
+        (None while neither is known)."""
+        if self.num_steps:
+            return self.num_steps
+        if self.num_epochs and self.batches_per_epoch:
+            return self.num_epochs * self.batches_per_epoch
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 

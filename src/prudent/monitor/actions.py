@@ -205,9 +205,7 @@ class RollbackAction(Action):
     def _max_steps_back(self, run: RunContext) -> int | None:
         if self.settings.max_steps_back is not None:
             return self.settings.max_steps_back
-        state = run.state
-        planned = state.num_steps or (state.num_epochs * state.batches_per_epoch
-                                      if state.num_epochs and state.batches_per_epoch else None)
+        planned = run.state.planned_steps
         return None if planned is None else max(100, planned // 10)
 
     def _scale_lr(self, run: RunContext) -> str:

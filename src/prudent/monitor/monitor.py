@@ -321,7 +321,7 @@ class Monitor(Component):
         if self._kept is not None:  # the steps slept through (a log, the end)
             self.stats.add_steps(*self._kept.take(), judged=True)
         window = self.stats.take_window()
-        planned = _planned_steps(run)
+        planned = run.state.planned_steps
         if planned is not None and planned != self._fitted_for and self.settings.size_to_run:
             self._fit(run, planned)
         window.planned_steps, window.step_s = planned, self.stats.last_step_s
@@ -595,16 +595,6 @@ class Monitor(Component):
         if self._wake_installed and threading.current_thread() is threading.main_thread():
             signal.signal(_WAKE_SIGNAL, self._previous_handler)  # type: ignore[arg-type]
             self._wake_installed = False
-
-
-def _planned_steps(run: RunContext) -> int | None:
-    """The run's planned length: run.steps(n), or run.epochs(n) x the loader's length."""
-    state = run.state
-    if state.num_steps:
-        return state.num_steps
-    if state.num_epochs and state.batches_per_epoch:
-        return state.num_epochs * state.batches_per_epoch
-    return None
 
 
 def _began(firing: Firing) -> int:
