@@ -310,7 +310,11 @@ class PrudentCallback(TrainerCallback):
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Any = None,
                     **kwargs: Any) -> None:
         if self.adapter.stop is None and metrics:
-            values = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+            # the model's metrics; the Trainer's timing of its evaluation (eval_runtime,
+            # eval_*_per_second: the profiler times evaluation itself) and its epoch counter
+            # are no metric of the model
+            values = {k: v for k, v in metrics.items() if isinstance(v, (int, float))
+                      and k != "epoch" and not k.endswith(("_runtime", "_per_second"))}
             if self.adapter.log(**values) is not None:
                 control.should_training_stop = True
 

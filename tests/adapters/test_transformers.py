@@ -202,6 +202,10 @@ def test_early_stopping_puts_the_best_evaluations_weights_back_when_it_stops(
     trainer.train()
 
     assert cb.run.stop_reason == "rule:early_stopping"
+    # the model's metrics are logged; the Trainer's timing of its evaluation and its epoch not
+    logged = cb.adapter.ctx.logged
+    assert "eval_score" in logged and "eval_loss" in logged
+    assert not [k for k in logged if k == "epoch" or k.endswith(("_runtime", "_per_second"))]
     assert sorted(evaluated) == [3, 6, 9, 12]  # the best at step 6, no better one after it
     assert trainer.state.global_step == 12
     final = probe.state()

@@ -42,6 +42,18 @@ def test_min_delta_mode_and_the_first_val_metric_by_default() -> None:
     assert judge(rule, [0.5, 0.6, 0.7], metric="val_acc") == 3
 
 
+def test_under_the_hugging_face_trainers_names_the_default_is_eval_loss_not_its_timing() -> None:
+    rule = EarlyStoppingRule(EarlyStoppingRule.Settings(patience=2))
+    for index, value in enumerate([0.7, 0.6, 0.65, 0.66], start=1):
+        metrics = {"eval_runtime": 0.03 * index, "eval_loss": value,
+                   "eval_samples_per_second": 4000.0 / index}
+        finding = rule.check(Window(evals=[EvalSample(index * 100, metrics, None)]))
+        if finding is not None:
+            break
+    assert finding is not None and index == 4  # the runtime, rising, would have fired at 3
+    assert "eval_loss" in finding.message and "runtime" not in finding.message
+
+
 def test_a_baseline_must_be_beaten() -> None:
     rule = EarlyStoppingRule(EarlyStoppingRule.Settings(patience=3, baseline=0.5))
     assert judge(rule, [0.9, 0.8, 0.7]) == 3  # improving, but never below the baseline

@@ -18,6 +18,7 @@ from prudent.monitor.base import (
     Window,
     finite,
     fmt,
+    validation_metrics,
     warmup_default,
 )
 
@@ -337,10 +338,12 @@ def _squared_step(value: float, before: float | None) -> float:
 
 
 def _watched(metrics: dict[str, float]) -> str | None:
-    """val_loss when logged, else the first val_* metric (None: nothing to watch yet)."""
-    if "val_loss" in metrics:
-        return "val_loss"
-    return next((k for k in metrics if k.startswith("val_")), None)
+    """val_loss (eval_loss) when logged, else the first other validation metric (None:
+    nothing to watch yet)."""
+    for name in ("val_loss", "eval_loss"):
+        if name in metrics:
+            return name
+    return next(iter(validation_metrics(metrics)), None)
 
 
 NOISE_SIGMAS = 2.0  # divergence: standard errors of luck taken off the best (see _luck)
