@@ -182,7 +182,8 @@ class Monitor(Component):
         step = run.state.step + 1
         judging = self._skipper is not None and run.loss_watched_step != step
         if judging:
-            # an adapter's loop with no point before backward: judged here, and this hook
+            # a loop that announces its loss after backward only (an adapter of one's own
+            # that calls after_backward, not before_backward): judged here, and this hook
             # stays on every step
             self._judge_loss(run, loss)
         stats = self.stats
@@ -218,7 +219,7 @@ class Monitor(Component):
         if self._skipper is None or run.loss_watched_step == step:
             # gradients are measured on some steps only: after_backward sleeps until the
             # next (a check may have moved it), unless each step's loss is judged after
-            # backward, as in an adapter's loop
+            # backward (see on_after_backward)
             run.sleep_until(self, stats.backward_due, Event.AFTER_BACKWARD)
         else:
             run.wake(self, Event.AFTER_BACKWARD)
