@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 __all__ = ["ACTION_NAMES", "LR_FRACTION_HELP", "MIN_SAMPLES", "START_STEPS", "ActionName",
            "ActivationSample", "EvalSample", "Finding", "LayerSample", "MemorySample", "Rule",
            "RuleSettings", "Window", "action_default", "confirm_at", "confirm_gap", "finite", "fmt",
-           "validation_metrics", "warmup_default"]
+           "validation_metric", "warmup_default"]
 
 ActionName = Literal["stop", "reduce_lr", "alert", "capture", "prune", "skip", "rollback"]
 ACTION_NAMES: tuple[str, ...] = ("alert", "capture", "prune", "reduce_lr", "rollback", "skip",
@@ -205,16 +205,12 @@ def finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
-# validation metrics are val_* in Keras and Lightning, eval_* in the Hugging Face Trainer,
-# which also logs how long its evaluation took under that prefix (no metric of the model)
-_VALIDATION_PREFIXES = ("val_", "eval_")
-_TIMING_SUFFIXES = ("_runtime", "_per_second")
-
-
-def validation_metrics(metrics: dict[str, Any]) -> list[str]:
-    """The validation metrics among a ``run.log``'s names, in the order logged."""
-    return [k for k in metrics
-            if k.startswith(_VALIDATION_PREFIXES) and not k.endswith(_TIMING_SUFFIXES)]
+def validation_metric(metrics: dict[str, Any]) -> str | None:
+    """The validation metric a rule watches by default: the first ``val_*`` logged (Keras,
+    Lightning, the five lines), else ``eval_loss`` (the Hugging Face Trainer names its metrics
+    ``eval_*``; other ``eval_*`` names stay a script's own: it may log them on purpose)."""
+    return next((k for k in metrics if k.startswith("val_")),
+                "eval_loss" if "eval_loss" in metrics else None)
 
 
 def fmt(value: float | None) -> str:

@@ -18,7 +18,7 @@ from prudent.monitor.base import (
     Window,
     finite,
     fmt,
-    validation_metrics,
+    validation_metric,
     warmup_default,
 )
 
@@ -338,12 +338,9 @@ def _squared_step(value: float, before: float | None) -> float:
 
 
 def _watched(metrics: dict[str, float]) -> str | None:
-    """val_loss (eval_loss) when logged, else the first other validation metric (None:
-    nothing to watch yet)."""
-    for name in ("val_loss", "eval_loss"):
-        if name in metrics:
-            return name
-    return next(iter(validation_metrics(metrics)), None)
+    """val_loss when logged, else the first val_* metric, else eval_loss (None: nothing to
+    watch yet)."""
+    return "val_loss" if "val_loss" in metrics else validation_metric(metrics)
 
 
 NOISE_SIGMAS = 2.0  # divergence: standard errors of luck taken off the best (see _luck)

@@ -14,7 +14,7 @@ from prudent.monitor.base import (
     Window,
     finite,
     fmt,
-    validation_metrics,
+    validation_metric,
 )
 
 __all__ = ["EarlyStoppingRule", "higher_is_better"]
@@ -32,8 +32,8 @@ class EarlyStoppingSettings(RuleSettings):
     cooldown_steps: int = Field(0, ge=0, description="After firing, the rule stays silent for "
                                 "this many steps (matters for actions that do not stop).")
     metric: str | None = Field(None, description="The run.log metric watched; default: the "
-                               "first val_* metric the script logs (val_loss, val_acc, ...; "
-                               "eval_* under the Hugging Face Trainer: eval_loss).")
+                               "first val_* metric the script logs (val_loss, val_acc, ...), "
+                               "else eval_loss (the Hugging Face Trainer's).")
     mode: Literal["auto", "min", "max"] = Field("auto", description="Whether lower or higher is "
                                                 "better; auto: max for names with acc, auc, f1, "
                                                 "precision, recall, score, map, iou, bleu.")
@@ -128,7 +128,7 @@ class EarlyStoppingRule(Rule):
 
     def _judge(self, sample: EvalSample) -> Finding | None:
         if self.metric is None:
-            self.metric = next(iter(validation_metrics(sample.metrics)), None)
+            self.metric = validation_metric(sample.metrics)
         value = sample.metrics.get(self.metric) if self.metric else None
         if not finite(value) or not self.active_at(sample.step):
             return None
@@ -213,7 +213,7 @@ class EarlyStoppingRule(Rule):
     def blind_reason(self) -> str | None:
         """Said once at the end of a run that logged evaluations but never this metric."""
         if not self.judged and self.num_evals == 0:
-            watched = self.settings.metric or "a val_* (eval_*) metric"
+            watched = self.settings.metric or "a val_* metric (or eval_loss)"
             return (f"early_stopping could not judge: the run never logged {watched} with "
                     "run.log (set monitor.rules.early_stopping.metric to the metric to watch)")
         return None
