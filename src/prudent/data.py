@@ -16,24 +16,34 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-__all__ = ["epoch_start_state", "resume_iterator"]
+__all__ = ["epoch_start_state", "loader_generator_states", "restore_loader_generators",
+           "resume_iterator"]
 
 
 def epoch_start_state(loader: Iterable[Any]) -> dict[str, Any]:
     """The generator states a fresh ``iter(loader)`` is about to draw from."""
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    return {"torch": torch.get_rng_state(), **loader_generator_states(loader)}
+
+
+def loader_generator_states(loader: Iterable[Any]) -> dict[str, Any]:
+    """The states of the loader's own generators now (none: an empty dict). Between epochs
+    they are what the next epoch's shuffle order is drawn from; a script that seeds them when
+    it starts makes them new again, so a run restored between epochs puts these back."""
+    return {key: generator.get_state() for key, generator in _generators(loader).items()}
+
+
+def restore_loader_generators(loader: Iterable[Any], states: dict[str, Any]) -> None:
+    """Put back what :func:`loader_generator_states` returned (keys the loader has)."""
     for key, generator in _generators(loader).items():
-        state[key] = generator.get_state()
-    return state
+        if key in states:
+            generator.set_state(states[key])
 
 
 def resume_iterator(loader: Iterable[Any], epoch_state: dict[str, Any], num_skip: int,
                     after_skip: Callable[[], None]) -> Iterator[Any]:
     """An iterator over ``loader`` that continues after ``num_skip`` already-seen batches."""
     torch.set_rng_state(epoch_state["torch"])
-    for key, generator in _generators(loader).items():
-        if key in epoch_state:
-            generator.set_state(epoch_state[key])
+    restore_loader_generators(loader, epoch_state)
     skipping = _index_skipping_loader(loader, num_skip, after_skip)
     if skipping is not None:
         return iter(skipping)

@@ -61,6 +61,7 @@ class Run:
         self._step_loss: Any = None
         self._announced = False
         self._positioned = False  # run.batches or run.steps put the loop where it was
+        self._loader: Iterable[Any] | None = None  # the last loader run.batches was given
         self._counter_read = False  # the loop read run.state (it continues its own count)
         self._warned_counter = False
         self._batch_loaded = context.handlers[Event.BATCH_LOADED]  # the hot path: looked up once
@@ -180,6 +181,10 @@ class Run:
             num_epochs = min(num_epochs, SMOKE_MAX_EPOCHS)
         while state.epoch < num_epochs:
             yield state.epoch
+            if self._loader is not None:  # before EPOCH_END's checkpoint: see RunState
+                from prudent.data import loader_generator_states
+
+                state.loader_rng = loader_generator_states(self._loader)
             state.epoch += 1
             state.batches_in_epoch = 0
             ctx.emit(Event.EPOCH_END, state.epoch - 1)
@@ -193,7 +198,7 @@ class Run:
         except TypeError:
             state.batches_per_epoch = None
         iterator = self._position(loader)
-        self._positioned = True
+        self._positioned, self._loader = True, loader
         for wrap in ctx.batch_wrappers:
             iterator = wrap(iterator)
         clock = time.perf_counter
@@ -217,7 +222,7 @@ class Run:
 
     def _position(self, loader: Iterable[Any]) -> Iterator[Any]:
         """A fresh epoch's iterator, or one that continues a restored epoch where it stopped."""
-        from prudent.data import epoch_start_state, resume_iterator
+        from prudent.data import epoch_start_state, restore_loader_generators, resume_iterator
         from prudent.rng import restore_rng
 
         state = self.context.state
@@ -228,7 +233,12 @@ class Run:
         if rng is None or not state.batches_in_epoch or state.epoch_rng is None:
             if rng is not None:
                 restore_rng(rng)
-            state.batches_in_epoch = 0
+                if state.loader_rng and not state.batches_in_epoch:
+                    # restored between epochs: the loader's own generators as the last epoch
+                    # left them (the script's seeding made them new), so this epoch's order
+                    # is the one the uninterrupted run drew
+                    restore_loader_generators(loader, state.loader_rng)
+            state.batches_in_epoch, state.loader_rng = 0, None
             state.epoch_rng = epoch_start_state(loader)
             return iter(loader)
         return resume_iterator(loader, state.epoch_rng, state.batches_in_epoch,

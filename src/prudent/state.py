@@ -15,6 +15,8 @@ class RunState:
     ``step`` counts completed ``run.step()`` calls over the whole run; ``epoch`` is the epoch
     in progress (0-based); ``batches_in_epoch`` is how many batches of it were consumed;
     ``epoch_rng`` holds the generator states the epoch's shuffle order was drawn from;
+    ``loader_rng`` the loader's own generators' states as the last epoch ended, until the next
+    one starts (a checkpoint between epochs: the next order is drawn from them);
     ``num_steps`` is the planned number of optimizer steps: the ``n`` of ``run.steps(n)``, or
     a framework adapter's plan (``max_steps``, or epochs x optimizer steps per epoch); None for
     an epoch loop of one's own, whose plan is ``num_epochs`` x ``batches_per_epoch``.
@@ -27,6 +29,7 @@ class RunState:
     batches_per_epoch: int | None = None
     num_steps: int | None = None
     epoch_rng: dict[str, Any] | None = None
+    loader_rng: dict[str, Any] | None = None
 
     @property
     def planned_steps(self) -> int | None:

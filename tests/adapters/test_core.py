@@ -100,6 +100,25 @@ def test_resumable_loader_continues_the_interrupted_epoch_batch_for_batch() -> N
     assert torch.equal(torch.rand(1), after)
 
 
+def test_resumable_loader_restored_between_epochs_draws_the_next_order_as_before() -> None:
+    # a loader with its own generator, which the script seeds anew in a new process: restored
+    # from a checkpoint between epochs 1 and 2, epoch 2 must come in the uninterrupted order
+    def seeded() -> DataLoader:
+        data = TensorDataset(torch.arange(40.0).unsqueeze(1))
+        return DataLoader(data, batch_size=4, shuffle=True,
+                          generator=torch.Generator().manual_seed(7))
+
+    first = ResumableLoader(seeded())
+    first.position = lambda: 0  # the epoch ended: the framework's count starts again
+    list(first)
+    state = first.state_dict()
+    second_epoch = [b[0] for b in first]
+    restored = ResumableLoader(seeded())
+    restored.load_state_dict(state)
+    resumed = [b[0] for b in restored]
+    assert len(resumed) == 10 and all(torch.equal(a, b) for a, b in zip(second_epoch, resumed))
+
+
 def test_resumable_loader_uses_the_trained_count_it_is_given() -> None:
     loader = ResumableLoader(_loader())
     iterator = iter(loader)

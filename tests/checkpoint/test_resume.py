@@ -34,7 +34,8 @@ def make_loader(kind: str) -> Any:
     return DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True, generator=generator)
 
 
-def train(settings: ProjectSettings, kind: str, stop_at: int | None = None) -> dict[str, Any]:
+def train(settings: ProjectSettings, kind: str, stop_at: int | None = None,
+          crash_at: int | None = None) -> dict[str, Any]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -55,6 +56,8 @@ def train(settings: ProjectSettings, kind: str, stop_at: int | None = None) -> d
                 sched.step()
                 run.context.objects["counters"]["seen"] += len(x)
                 run.step(loss=loss)
+                if run.state.step == crash_at:
+                    raise RuntimeError("the machine goes away")
     return {"status": run.status, "step": run.state.step, "model": model.state_dict(),
             "opt": opt.state_dict(), "seen": run.context.objects["counters"]["seen"], "id": run.id}
 
@@ -82,6 +85,23 @@ def test_stop_and_resume_is_bit_exact(tmp_path: Path, monkeypatch: pytest.Monkey
     assert resumed["status"] == "completed" and resumed["step"] == reference["step"] == 36
     assert same(reference["model"], resumed["model"]) and same(reference["opt"], resumed["opt"])
     assert resumed["seen"] == reference["seen"] == 288  # each sample seen exactly 3 times
+
+
+@pytest.mark.parametrize("kind", ["global_rng", "generator"])
+def test_a_crash_after_an_epoch_end_checkpoint_resumes_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """Only epoch-end checkpoints, the process gone mid-epoch 2: the new process resumes from
+    the checkpoint between epochs 1 and 2, and epoch 2 must be shuffled as it was (the
+    loader's own generator as it was at the checkpoint, not as the script seeds it again)."""
+    every_epoch = {"checkpoint": {"every": "1epoch"}}
+    monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
+    reference = train(make_settings(tmp_path, **every_epoch), kind)
+    monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
+    with pytest.raises(RuntimeError, match="goes away"):
+        train(make_settings(tmp_path, **every_epoch), kind, crash_at=17)
+    resumed = train(make_settings(tmp_path, **every_epoch), kind)
+    assert resumed["status"] == "completed" and resumed["step"] == reference["step"] == 36
+    assert same(reference["model"], resumed["model"]) and same(reference["opt"], resumed["opt"])
 
 
 def test_unskippable_loader_is_read_and_discarded_with_a_warning(

@@ -15,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prudent.data import epoch_start_state, resume_iterator
+from prudent.data import (
+    epoch_start_state,
+    loader_generator_states,
+    restore_loader_generators,
+    resume_iterator,
+)
 from prudent.rng import capture_rng, restore_rng
 
 __all__ = ["ResumableLoader"]
@@ -34,6 +39,9 @@ class ResumableLoader:
         self._epoch_rng: dict[str, Any] | None = None
         self._served = 0
         self._resume: dict[str, Any] | None = None
+        # the loader's own generators as the last epoch's batches ran out (None once the next
+        # epoch began): a checkpoint between epochs, restored, draws the next order from them
+        self._ended_rng: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -51,15 +59,20 @@ class ResumableLoader:
             iterator = resume_iterator(self.loader, resume["epoch_rng"], resume["batches"],
                                        after_skip=lambda: saved_rng and restore_rng(saved_rng))
         else:
+            if resume and resume.get("loader_rng"):  # restored between epochs (see __init__)
+                restore_loader_generators(self.loader, resume["loader_rng"])
             self._epoch_rng, self._served = epoch_start_state(self.loader), 0
             iterator = iter(self.loader)
+        self._ended_rng = None
         for batch in iterator:
             self._served += 1
             yield batch
+        self._ended_rng = loader_generator_states(self.loader)
 
     def state_dict(self) -> dict[str, Any]:
         trained = self.position() if self.position is not None else self._served
-        return {"epoch_rng": self._epoch_rng, "batches": trained, "rng": capture_rng()}
+        return {"epoch_rng": self._epoch_rng, "batches": trained, "rng": capture_rng(),
+                "loader_rng": self._ended_rng}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume = dict(state)
