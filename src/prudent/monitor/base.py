@@ -244,12 +244,17 @@ class Rule:
     * ``needs`` names the parts of the window it reads (``steps``, ``layers``,
       ``activations``, ``memory``, ``evals``); the monitor does not call it for a window where
       they are all empty. The default, all of them, is always right, just slower.
+    * Where checks fall depends on timing (they are spaced by what they cost); the monitor
+      checks at every multiple of ``check_grid`` steps whatever else happens. A rule whose
+      state steers training (a threshold that skips updates) renews that state only at those
+      steps, so the run's updates, and an exact resume, do not depend on the machine's speed.
     """
 
     name: ClassVar[str] = "rule"
     Settings: ClassVar[type[RuleSettings]] = RuleSettings
     state_fields: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[frozenset[str]] = frozenset(_PARTS)
+    check_grid = 0  # set by the monitor (0: no grid, every check counts: the rule's own tests)
 
     def __init__(self, settings: RuleSettings | None = None) -> None:
         self.settings = settings if settings is not None else self.Settings()

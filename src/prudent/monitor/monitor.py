@@ -31,7 +31,7 @@ from prudent.monitor.actions import Action, Firing, RollbackAction, build_action
 from prudent.monitor.base import START_STEPS, EvalSample, Finding, Rule, Window
 from prudent.monitor.registry import RULES
 from prudent.monitor.settings import MonitorSettings
-from prudent.monitor.stats import StepStats
+from prudent.monitor.stats import StepStats, saved_loss
 from prudent.monitor.watchdog import StallWatchdog, dump_stacks
 from prudent.monitor.webhook import WebhookSender
 from prudent.optimizer_step import put_back_step, replace_next_step
@@ -63,6 +63,7 @@ class Monitor(Component):
         self.settings = settings or MonitorSettings()
         self.rules = build_rules(self.settings)
         self.stats = StepStats(self.settings)
+        self._set_check_grid()
         self._watched: dict[int, Any] = {}  # every object an ATTACH showed (adapters' too)
         self.actions: dict[str, Action] = build_actions(self.settings.actions, self._watched)
         self.firings: list[Firing] = []
@@ -299,7 +300,12 @@ class Monitor(Component):
             self._webhook.close()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rules": {name: rule.state_dict() for name, rule in self.rules.items()},
+        steps, losses = self.stats.pending()  # not yet judged: the next window's start
+        if self._kept is not None:
+            steps += self._kept.steps
+            losses += [saved_loss(v) for v in self._kept.values]
+        return {"pending": {"steps": steps, "losses": losses},
+                "rules": {name: rule.state_dict() for name, rule in self.rules.items()},
                 "actions": {name: a.state_dict() for name, a in self.actions.items()},
                 "muted_until": dict(self._muted_until), "peak_lr": self.stats.peak_lr,
                 "best_checkpoint": self.best_checkpoint, "start_loss": self.start_loss}
@@ -311,6 +317,9 @@ class Monitor(Component):
         for name, action_state in state.get("actions", {}).items():
             if name in self.actions:
                 self.actions[name].load_state_dict(action_state)
+        pending = state.get("pending")
+        if pending:
+            self.stats.restore_pending(pending["steps"], pending["losses"])
         self._muted_until = dict(state.get("muted_until", {}))
         self.stats.peak_lr = state.get("peak_lr")
         self.best_checkpoint = state.get("best_checkpoint")
@@ -407,6 +416,12 @@ class Monitor(Component):
         if due is not None and due > step:
             stats.check_every = min(stats.check_every, due - step)
 
+    def _set_check_grid(self) -> None:
+        """The steps the monitor checks at whatever the timing (StepStats.next_due): the rules'
+        grid, for what they renew only there (loss_spike's skip threshold)."""
+        for rule in self.rules.values():
+            rule.check_grid = self.stats.max_check_every
+
     def _fit(self, run: RunContext, planned: int) -> None:
         """Size the rules (and the sampling) to a run of ``planned`` steps."""
         self._fitted_for = planned
@@ -425,6 +440,7 @@ class Monitor(Component):
             stats = self.stats
             stats.max_check_every = max(stats.min_check_every, planned // 50)
             stats.check_every = min(stats.check_every, stats.max_check_every)
+        self._set_check_grid()
         for name, rule in self.rules.items():
             reason = rule.fit(planned)
             if reason:

@@ -22,7 +22,7 @@ from prudent.monitor.activations import ActivationProbe
 from prudent.monitor.base import ActivationSample, LayerSample, MemorySample, Window
 from prudent.monitor.settings import MonitorSettings
 
-__all__ = ["StepStats"]
+__all__ = ["StepStats", "saved_loss"]
 
 _SAMPLED_ELEMENTS = 4096  # per weight tensor, for the update ratio
 _MAX_NORM_STRIDE = 32  # auto never measures the gradient norm less often than this
@@ -199,7 +199,16 @@ class StepStats:
         step = steps[-1]
         if step >= self._step_end_due:
             self._sample_step_end(step)
-        return due or len(self._steps) >= self.window_steps()
+        return due or len(self._steps) >= self.window_steps() or step % self.max_check_every == 0
+
+    def pending(self) -> tuple[list[int], list[float | None]]:
+        """The steps recorded since the last window was taken, with their losses as numbers:
+        what a checkpoint keeps, so that a resumed run's rules see the same steps."""
+        return list(self._steps), [saved_loss(v) for v in self._loss]
+
+    def restore_pending(self, steps: list[int], losses: list[float | None]) -> None:
+        """Put back what :meth:`pending` returned (a resumed run, before its first step)."""
+        self._steps, self._loss = list(steps) + self._steps, list(losses) + self._loss
 
     def window_steps(self) -> int:
         """Steps a window gathers: while a jump in the gradient norm is being followed, the
@@ -218,9 +227,12 @@ class StepStats:
         return self._burst > 0
 
     def next_due(self, step: int) -> int:
-        """After ``step``, the next step whose end needs the monitor: a window due, or a layer
-        or memory sample (or the activation hooks' arming)."""
-        return min(step + max(1, self.window_steps() - len(self._steps)), self._step_end_due)
+        """After ``step``, the next step whose end needs the monitor: a window due, a multiple
+        of ``max_check_every`` (the rules' grid, see :class:`~prudent.monitor.base.Rule`), or
+        a layer or memory sample (or the activation hooks' arming)."""
+        grid = self.max_check_every  # a check at every multiple, whatever the timing (Rule)
+        return min(step + max(1, self.window_steps() - len(self._steps)), self._step_end_due,
+                   (step // grid + 1) * grid)
 
     def _kept_loss(self, loss: Any) -> Any:
         """A loss as the window keeps it: a float, or a detached device tensor read later."""
@@ -627,3 +639,13 @@ def _memory_sample(step: int) -> MemorySample:
         total = int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     return MemorySample(step, _resident_bytes(), device, time.monotonic(), _available_bytes(),
                         total)
+
+
+def saved_loss(value: Any) -> float | None:
+    """A kept loss as a checkpoint holds it: a number (a device tensor read now), else None."""
+    if value is None or value.__class__ is float:
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):  # not one number
+        return None

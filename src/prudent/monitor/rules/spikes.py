@@ -66,7 +66,9 @@ class LossSpikeRule(Rule):
     needs = frozenset({"steps"})
     Settings = LossSpikeSettings
     settings: LossSpikeSettings
-    state_fields = ("recent", "streak", "streak_start", "skipped")
+    # the threshold is state too: renewed only at grid steps (see Rule), a resumed run must
+    # use the one the uninterrupted run used, not one worked out from a later ``recent``
+    state_fields = ("recent", "streak", "streak_start", "skipped", "skip_above", "_mean", "_std")
 
     def __init__(self, settings: LossSpikeSettings | None = None) -> None:
         super().__init__(settings)
@@ -74,9 +76,9 @@ class LossSpikeRule(Rule):
         self.streak = 0
         self.streak_start: int | None = None
         self.skipped: deque[int] = deque(maxlen=self.settings.max_skips)
-        self.skip_above = math.inf  # loss above which an update is skipped (set each check)
+        self.skip_above = math.inf  # loss above which an update is skipped (set at grid steps)
         self._mean: float | None = None
-        self._std = 0.0  # of recent, at the last check
+        self._std = 0.0  # of recent, at the last grid step
         self._sum = 0.0  # of recent, kept as losses come and go
 
     def fit(self, planned_steps: int) -> str | None:
@@ -107,13 +109,32 @@ class LossSpikeRule(Rule):
 
     # per window ---------------------------------------------------------------------------
     def check(self, window: Window) -> Finding | None:
-        finite = window.finite_losses()
+        finite, grid = window.finite_losses(), self.check_grid
+        if not grid:
+            return self._check_part(finite, renew=True)
+        # the window's steps up to each grid step it reaches, the threshold renewed there (as
+        # of that step's loss), so which updates are skipped never depends on the checks' timing
+        last = window.steps[-1] if window.steps else 0
+        start = 0
+        for i in range(1, len(finite) + 1):
+            bound = -(-finite[i - 1][0] // grid) * grid  # the grid step at or after this one
+            if i < len(finite) and finite[i][0] <= bound:
+                continue
+            finding = self._check_part(finite[start:i], renew=last >= bound)
+            if finding is not None:
+                return finding
+            start = i
+        if last % grid == 0 and (not finite or finite[-1][0] < last - grid + 1):
+            self._set_threshold()  # a grid step whose part of the window had no finite loss
+        return None
+
+    def _check_part(self, finite: list[tuple[int, float]], renew: bool) -> Finding | None:
         if self._calm(finite):
-            self._take_calm(finite)
+            self._take_calm(finite, renew)
             return None
         finding = self._judge_each(finite)
         if finding is None:
-            self._set_threshold()
+            self._set_threshold() if renew else self._resum()
         return finding
 
     def _judge_each(self, finite: list[tuple[int, float]]) -> Finding | None:
@@ -161,13 +182,16 @@ class LossSpikeRule(Rule):
         limits = map(mul, sums, repeat(self.settings.factor * (1 - 1e-9) / size))
         return not any(map(ge, losses, limits))
 
-    def _take_calm(self, finite: list[tuple[int, float]]) -> None:
+    def _take_calm(self, finite: list[tuple[int, float]], renew: bool = True) -> None:
         """What :meth:`_judge` does on a calm window, at C speed: the losses join the moving
         window (no update in it was skipped), the streak is over."""
         if finite:
             self.recent.extend([loss for _, loss in finite])
             self.streak, self.streak_start = 0, None
-        self._set_threshold()  # the running sum too
+        self._set_threshold() if renew else self._resum()  # the running sum too
+
+    def _resum(self) -> None:
+        self._sum = math.fsum(self.recent)  # no drift from the running sum
 
     def _judge(self, step: int, loss: float, skipped: bool) -> Finding | None:
         s = self.settings
@@ -212,7 +236,7 @@ class LossSpikeRule(Rule):
         return self._sum / len(self.recent)
 
     def _set_threshold(self) -> None:
-        self._sum = math.fsum(self.recent)  # no drift from the running sum
+        self._resum()
         mean = self._moving_mean()
         self._mean = mean
         if mean is None:
@@ -225,4 +249,7 @@ class LossSpikeRule(Rule):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self._set_threshold()
+        if "skip_above" in state:
+            self._resum()
+        else:  # a checkpoint from before the threshold was saved
+            self._set_threshold()
