@@ -63,3 +63,32 @@ def test_timed_saves_are_taken_on_the_step_they_fall_due(tmp_path: Path, every_s
     saved, calls = _train(tmp_path, f"{every_s}s", 60, FakeClock())
     assert saved == list(range(every_s, 61, every_s))  # as a look at every step would find
     assert calls < 45
+
+
+def test_an_epoch_end_save_is_reported_within_a_step_or_two(tmp_path: Path) -> None:
+    # the save is made at EPOCH_END while the step handler sleeps; its background write is
+    # read back at a step's end, so the save wakes the handler: the run's record says
+    # "saved" (or "save_failed") at once, not when the next periodic save is due
+    import time
+
+    settings = make_settings(tmp_path, checkpoint={"every": "1000steps"})
+    run = prudent.init(name="epochs", settings=settings, exit_on_stop=False)
+    model = torch.nn.Linear(2, 1)
+    run.attach(model=model)
+    ended: dict[int, float] = {}  # step -> when it ended
+    with run:
+        for _ in run.epochs(3):
+            for _ in run.batches(range(20)):
+                run.backward(model(torch.ones(1, 2)).sum())
+                run.step()
+                time.sleep(0.01)  # a write of this tiny model is done well within it
+                ended[run.state.step] = time.time()
+    store = Store(f"sqlite:///{tmp_path / 'prudent.db'}")
+    try:
+        saved = {e["step"]: e["wall"] for e in store.events(run.id)
+                 if e["kind"] == "checkpoint" and e["name"] == "saved"}
+    finally:
+        store.close()
+    assert 20 in saved and 40 in saved, saved
+    for epoch_end in (20, 40):  # recorded by the end of the second step after it
+        assert saved[epoch_end] <= ended[epoch_end + 2], (epoch_end, saved, ended)

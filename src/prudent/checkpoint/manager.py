@@ -188,7 +188,9 @@ class Checkpointer(Component):
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
                                   prepared_s=prepared_s)
-        self._writing = self._writing or result is None
+        if result is None:  # written in the background: its end is reported at a step's end,
+            self._writing = True  # so a save made while asleep (at an epoch's end) wakes it
+            run.sleep_until(self, state.step + 1)
         run.emit(Event.CHECKPOINT_TAKEN, state.step)
         if result is not None:
             self._report(run, [result])
