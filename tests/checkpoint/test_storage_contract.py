@@ -80,3 +80,26 @@ def test_read_many_reads_each_file_and_none_for_a_missing_one(storage: Checkpoin
         storage.put("record", f"seg-{i}", bytes([i]) * 10)
     found = storage.read_many("record", [*(f"seg-{i}" for i in range(5)), "missing"])
     assert found == {**{f"seg-{i}": bytes([i]) * 10 for i in range(5)}, "missing": None}
+
+
+def test_a_writable_location_passes_the_probe_and_keeps_no_trace(storage: CheckpointStorage) -> None:
+    storage.check_writable()
+    assert storage.names() == []
+
+
+def test_a_bucket_that_does_not_exist_stops_the_run_before_it_trains(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_endpoint: str) -> None:
+    # a typo in the bucket: before, the run trained to the end with every save failed (exit 0,
+    # no checkpoint), and a new machine started it again from step 0
+    import prudent
+    from prudent.errors import ConfigError
+    from prudent.testing import make_settings
+
+    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "PRUDENT_S3_ENDPOINT_URL": s3_endpoint}.items():
+        monkeypatch.setenv(var, value)
+    settings = make_settings(tmp_path, checkpoint={"url": "s3://no-such-bucket-here/runs"})
+    with pytest.raises(ConfigError) as error:
+        prudent.init(name="typo", settings=settings, exit_on_stop=False)  # before any step
+    message = str(error.value)
+    assert "s3://no-such-bucket-here/runs" in message and "checkpoint.url" in message

@@ -83,6 +83,14 @@ class CheckpointStorage(ABC):
         """Several files of folder ``name`` (None for one that cannot be read)."""
         return {filename: self.read(name, filename) for filename in filenames}
 
+    def check_writable(self) -> None:
+        """Write one empty file and delete it: a location no checkpoint can be written to (a
+        bucket that does not exist, no permission) raises here, before any training, instead
+        of failing every save of a run that then cannot survive its machine."""
+        probe = f".prudent-probe-{uuid.uuid4().hex[:12]}"
+        self.put(probe, "probe", b"")
+        self.delete(probe)
+
     def checkpoints(self) -> list[str]:
         """Checkpoint names, newest (highest step) first."""
         found = [n for n in self.names() if step_of(n) is not None]
