@@ -69,3 +69,15 @@ def test_yaml_syntax_error_gives_the_line(tmp_path: Path) -> None:
 def test_missing_explicit_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read settings file"):
         load_settings(tmp_path / "nope.yaml", environ={})
+
+
+def test_off_written_bare_in_yaml_means_off_not_false(tmp_path: Path) -> None:
+    # YAML 1.1 reads off/on/yes/no as booleans: `every: off`, as the docs write it, was
+    # refused ("checkpoint.every=False is invalid"); boolean settings still take them
+    path = tmp_path / "prudent.yaml"
+    path.write_text("checkpoint: {every: off, heartbeat_interval: off}\nconsole: {mode: off}\n"
+                    "monitor: {enabled: no}\ndebug: {capture: yes}\n")
+    settings = load_settings(path, environ={})
+    assert (settings.checkpoint.every, settings.checkpoint.heartbeat_interval,
+            settings.console.mode) == ("off", "off", "off")
+    assert settings.monitor.enabled is False and settings.debug.capture is True

@@ -19,6 +19,7 @@ The user's hyperparameters are not here: they are ``run.config`` (see :mod:`prud
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,20 @@ def _read_file(path: str | os.PathLike[str] | None) -> tuple[str | None, dict[st
     return str(path), {k: dict(v) for k, v in data.items()}
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """YAML 1.2's booleans: only true and false. YAML 1.1 (PyYAML's default) also reads on,
+    off, yes and no as booleans, so ``every: off`` or ``mode: off``, as the docs write them,
+    reached the settings as False; a boolean setting still takes them (pydantic reads the
+    strings 'on', 'off', 'yes' and 'no')."""
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
 def read_yaml_file(path: str | os.PathLike[str], what: str) -> Any:
     """A YAML file's content; an unreadable file or bad YAML is a :class:`ConfigError` naming
     the file (and the line)."""
@@ -106,7 +121,7 @@ def read_yaml_file(path: str | os.PathLike[str], what: str) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
