@@ -87,6 +87,40 @@ def test_the_bill_groups_by_name_instance_and_day(store: Store, by: str,
     assert {line.key: line.spent_usd for line in lines} == pytest.approx(keys)
 
 
+def test_groups_say_their_instance(store: Store) -> None:
+    _, lines = bill(store, by="instance")
+    assert {line.key: line.instance for line in lines} == {
+        "aws:g5.xlarge": "aws:g5.xlarge", "aws:p3.2xlarge": "aws:p3.2xlarge"}
+    _, lines = bill(store, by="name")  # digits ran on both: no one instance
+    assert {line.key: line.instance for line in lines}["digits"] is None
+
+
+def test_a_vanished_machine_is_billed_to_its_last_heartbeat_not_to_the_next_machine(
+        tmp_path: Path) -> None:
+    # machine 1 vanished 16 s in (its last heartbeat; saved at 10 s); machine 2 started at
+    # 30 s, imported the record (record_lost) and wrote its lifecycle start before its price
+    store = Store(f"sqlite:///{tmp_path / 'vanished.db'}")
+    try:
+        store.create_run("spot", "digits", started_at=T0, cost_usd=55.0)
+        store.add_events([
+            _event("spot", T0, "lifecycle", "start"),
+            _event("spot", T0, "cost", "price", **PRICE),
+            _event("spot", T0 + 10, "checkpoint", "saved"),
+            _event("spot", T0 + 16, "checkpoint", "record_lost", attempt_s=16.0),
+            _event("spot", T0 + 30, "lifecycle", "start"),
+            _event("spot", T0 + 31, "checkpoint", "record_imported"),
+            _event("spot", T0 + 32, "cost", "price", **PRICE),
+            _event("spot", T0 + 60, "checkpoint", "saved"),
+            _event("spot", T0 + 69, "lifecycle", "end", status="completed"),
+            _event("spot", T0 + 69, "cost", "meter", attempt_s=39.0, **PRICE)])
+        total, _ = bill(store)
+    finally:
+        store.close()
+    assert total.attempts == 2
+    assert total.wasted_crash_usd == pytest.approx(6.0)  # 16 s - 10 s, at $1 a second
+    assert total.hours * 3600 == pytest.approx(16.0 + 39.0)
+
+
 def test_since_keeps_only_newer_runs(store: Store) -> None:
     total, _ = bill(store, since=T0 + 2 * 86400 - 1)
     assert total.run_ids == ["budget"]

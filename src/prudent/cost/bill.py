@@ -56,6 +56,9 @@ class BillLine:
                      "saved_spot_usd", "hours"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.run_ids += other.run_ids
+        # a group's instance: the one its runs share (by instance: the key), else none
+        self.instance = other.instance if self.runs == other.runs else (
+            self.instance if self.instance == other.instance else None)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -109,16 +112,27 @@ def _full_cost(spent: float, attempts: list[dict[str, Any]]) -> float:
 
 
 def _attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each attempt from its ``cost/price`` event to the next attempt's start. A new attempt
+    begins at its ``lifecycle/start`` (written, with the record's import, before its price):
+    those events are not the previous attempt's, which otherwise ended (and lost its work) at
+    the next machine's start. An attempt whose machine vanished has no ``cost/meter`` event;
+    its length is in the ``checkpoint/record_lost`` event the next machine wrote."""
     attempts: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    starting: float | None = None  # a new attempt's lifecycle/start, until its price
     for event in events:
         kind, name, payload = event["kind"], event["name"], event["payload"]
         if (kind, name) == ("cost", "price"):
-            attempts.append({"start": event["wall"], "end": event["wall"], "saved_at": None,
-                             "status": None, "meter": None, **payload})
+            start = event["wall"] if starting is None else starting
+            current = {"start": start, "end": event["wall"], "saved_at": None, "status": None,
+                       "meter": None, **payload}
+            attempts.append(current)
+            starting = None
             continue
-        if not attempts:
+        if (kind, name) == ("lifecycle", "start"):
+            current, starting = None, event["wall"]
+        if current is None:
             continue
-        current = attempts[-1]
         current["end"] = event["wall"]
         if (kind, name) == ("checkpoint", "saved"):
             current["saved_at"] = event["wall"]
@@ -126,6 +140,8 @@ def _attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             current["status"] = payload.get("status")
         elif (kind, name) == ("cost", "meter"):
             current["meter"] = payload
+        elif (kind, name) == ("checkpoint", "record_lost") and current["meter"] is None:
+            current["meter"] = {"attempt_s": payload.get("attempt_s")}
         elif (kind, name) == ("profile", "summary"):
             current["data_s"] = payload.get("breakdown", {}).get("data", {}).get("s", 0.0)
     return [_settle(a) for a in attempts]
@@ -133,7 +149,8 @@ def _attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _settle(attempt: dict[str, Any]) -> dict[str, Any]:
     meter = attempt["meter"] or {}
-    seconds = float(meter.get("attempt_s", attempt["end"] - attempt["start"]))
+    seconds = meter.get("attempt_s")
+    seconds = float(seconds if seconds is not None else attempt["end"] - attempt["start"])
     hourly = float(attempt.get("hourly_usd") or 0.0)
     crashed = attempt["status"] in (None, "failed")
     lost = attempt["end"] - (attempt["saved_at"] or attempt["start"]) if crashed else 0.0
