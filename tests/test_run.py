@@ -83,6 +83,22 @@ def test_completed_run_records_status_metrics_and_counters(settings: ProjectSett
     store.close()
 
 
+def test_the_run_names_its_machine_as_prudent_host_says(
+        settings: ProjectSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Kubernetes pod is called train-0 on every node: the record must say which node
+    monkeypatch.setenv("PRUDENT_HOST", "node-a17")
+    run = prudent.init(name="host", settings=settings, exit_on_stop=False)
+    train(run, epochs=1)
+    store = Store.open(settings.store)
+    try:
+        record = store.get_run(run.id)
+        start = next(e for e in store.events(run.id) if e["name"] == "start")
+    finally:
+        store.close()
+    assert record is not None and record["host"] == "node-a17"
+    assert start["message"].endswith("started on node-a17")
+
+
 def test_events_fire_in_loop_order(settings: ProjectSettings) -> None:
     log = EventLog()
     run = prudent.init(name="order", settings=settings, exit_on_stop=False, components=[log])

@@ -13,7 +13,6 @@ import atexit
 import json
 import math
 import os
-import socket
 import sys
 import time
 import traceback
@@ -469,12 +468,14 @@ class RunContext:
     # start and finish ---------------------------------------------------------------------
     def start(self) -> None:
         """Install the signal handler, record the start and tell the components."""
+        from prudent.launch import host_name
+
         if self._handle_signals:
             self._signals.install()
         atexit.register(self._finish_at_exit)
         _watch_uncaught_exceptions()
         self.record_event(EventKind.LIFECYCLE, "start",
-                          f"run {self.id} started on {socket.gethostname()}", pid=os.getpid())
+                          f"run {self.id} started on {host_name()}", pid=os.getpid())
         self.emit(Event.START)
 
     def finish(self, status: str, reason: StopReason | None = None, message: str = "",

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from prudent.errors import ConfigError
 
-__all__ = ["ENV_ALERT_WEBHOOK", "ENV_CONFIG", "ENV_HOST", "ENV_OVERRIDES", "ENV_PREFLIGHT_MODE",
+__all__ = ["ENV_ALERT_WEBHOOK", "ENV_CONFIG", "ENV_HOST", "host_name", "ENV_OVERRIDES", "ENV_PREFLIGHT_MODE",
            "ENV_PREFLIGHT_OUT", "ENV_PREFLIGHT_OVERFIT_STEPS", "ENV_PREFLIGHT_SCAN_S",
            "ENV_PREFLIGHT_STEPS", "ENV_PREFLIGHT_STOP_AT", "ENV_REPLAY", "ENV_REPLAY_PDB",
            "ENV_REPLAY_STEP", "ENV_RUN_ID", "ENV_RUN_NAME", "ENV_S3_ENDPOINT_URL", "ENV_SETTINGS",
@@ -275,3 +275,11 @@ def _preflight_from(env: Mapping[str, str]) -> PreflightSpec | None:
                          out=env.get(ENV_PREFLIGHT_OUT) or None,
                          overfit_steps=_number(env, ENV_PREFLIGHT_OVERFIT_STEPS, int),
                          scan_s=_number(env, ENV_PREFLIGHT_SCAN_S, float))
+
+
+def host_name() -> str:
+    """The machine's name as the record gives it: ``PRUDENT_HOST`` when set (a Kubernetes
+    node's name when every pod is called train-0), else the hostname."""
+    import socket
+
+    return os.environ.get(ENV_HOST) or socket.gethostname()

@@ -10,7 +10,6 @@ import os
 import re
 import secrets
 import shlex
-import socket
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -23,7 +22,7 @@ from prudent.distributed import Ranks, ranks_from_env
 from prudent.errors import ConfigError, ExitCode
 from prudent.events import Component
 from prudent.hparams import apply_overrides
-from prudent.launch import LaunchSpec
+from prudent.launch import LaunchSpec, host_name
 from prudent.run import Run
 from prudent.stop import StopKind, StopReason
 from prudent.store import Store
@@ -97,7 +96,7 @@ def _shared_run_id(name: str | None, ranks: Ranks) -> str:
 
 def _register(store: Store, run_id: str, name: str, config: dict[str, Any],
               spec: LaunchSpec) -> None:
-    fields = {"config": config, "host": socket.gethostname(), "pid": os.getpid()}
+    fields = {"config": config, "host": host_name(), "pid": os.getpid()}
     existing = store.get_run(run_id)
     if existing is None:
         store.create_run(run_id, name, command=shlex.join(sys.argv), **fields)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shlex
 import signal
-import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -23,7 +22,7 @@ from typing import Any
 from prudent.config import ProjectSettings
 from prudent.errors import ConfigError, ExitCode, StoreError
 from prudent.events import EventKind
-from prudent.launch import LaunchSpec
+from prudent.launch import LaunchSpec, host_name
 from prudent.session import new_run_id
 from prudent.spawn import SignalForwarder, spawn
 from prudent.stop import StopReason
@@ -121,7 +120,7 @@ class Supervisor:
         """Create the run's record (True), or count a restart of an existing one (False)."""
         if store.get_run(self.run_id) is None:
             store.create_run(self.run_id, self.name or _guess(self.command),
-                             command=shlex.join(self.command), host=socket.gethostname())
+                             command=shlex.join(self.command), host=host_name())
             return True
         store.count_restart(self.run_id)
         _event(store, self.run_id, "relaunch", "prudent run continues this run")

@@ -18,7 +18,6 @@ import math
 import operator
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.errors import StopRun
 from prudent.events import Component, Event, EventKind
-from prudent.launch import LaunchSpec
+from prudent.launch import LaunchSpec, host_name
 from prudent.monitor.actions import Action, Firing, RollbackAction, build_actions
 from prudent.monitor.base import START_STEPS, EvalSample, Finding, Rule, Window
 from prudent.monitor.registry import RULES
@@ -522,7 +521,7 @@ class Monitor(Component):
                                 "step": f.step, "detected_at": firing.detected_at,
                                 "value": _number(f.value), "threshold": _number(f.threshold),
                                 "message": f.message, "action": actions, "outcome": outcome,
-                                "host": socket.gethostname(), "time": time.time()})
+                                "host": host_name(), "time": time.time()})
 
     def _count_train_loss(self, window: Window) -> None:
         losses = window.finite_losses()

@@ -8,12 +8,10 @@ process (:class:`~prudent.record.RecordSync` begins it; the cost meter writes it
 
 from __future__ import annotations
 
-import os
 import secrets
-import socket
 import time
 
-from prudent.launch import ENV_HOST
+from prudent.launch import host_name
 
 __all__ = ["attempt_id", "begin_attempt", "host_name"]
 
@@ -31,6 +29,3 @@ def attempt_id(run_id: str) -> str:
     """The attempt of ``run_id`` in progress in this process (begun now if none is)."""
     return _CURRENT.get(run_id) or begin_attempt(run_id)
 
-
-def host_name() -> str:
-    return os.environ.get(ENV_HOST) or socket.gethostname()
