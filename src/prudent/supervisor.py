@@ -128,12 +128,18 @@ class Supervisor:
 
     def _refused(self, store: Store, code: int) -> bool:
         """The child exited with bad input (a rejected --set, a bad setting) before its
-        ``prudent.init`` recorded anything: the record this supervisor made holds no run."""
+        ``prudent.init`` recorded anything, or at its start (checkpoints that cannot be
+        written, a record that cannot be read) before any step: the record this supervisor
+        made holds no run."""
         if code != ExitCode.BAD_INPUT:
             return False
         run = store.get_run(self.run_id)
-        return (run is not None and run["status"] == "running" and not run["step"]
-                and not store.events(self.run_id) and not store.count_metrics(self.run_id))
+        if run is None or run["step"]:
+            return False
+        if run["status"] == "running":
+            return not store.events(self.run_id) and not store.count_metrics(self.run_id)
+        # refused at its start: its end wrote a summary (the machine's metrics), no step ran
+        return run["status"] == "failed" and run["stop_reason"] == "error"
 
     def child_spec(self) -> LaunchSpec:
         """What the child is told: ``spec`` with this run, its overrides and its store."""

@@ -53,6 +53,20 @@ def test_unknown_set_key_stops_before_training_and_leaves_no_run(project: Projec
     assert listed.returncode == 0 and json.loads(listed.stdout) == []  # nothing ran
 
 
+def test_checkpoints_that_cannot_be_written_stop_the_run_at_its_start_and_leave_no_run(
+        project: Project) -> None:
+    # a location no save can reach (here: a folder under a file; a bucket that does not
+    # exist the same) is found before the first step, not after a run without checkpoints
+    project.env["PRUDENT_CHECKPOINT_URL"] = "/dev/null/checkpoints"
+    result = project.prudent("run", "--run-id", "nowhere", "--",
+                             sys.executable, script("design_api.py"))
+    assert result.returncode == 2, result.stderr
+    assert "prudent: error: cannot write checkpoints to '/dev/null/checkpoints'" in result.stderr
+    assert "fix checkpoint.url (PRUDENT_CHECKPOINT_URL)" in result.stderr
+    listed = project.prudent("runs", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []  # nothing ran
+
+
 def test_same_run_id_again_continues_the_run_and_counts_a_restart(project: Project) -> None:
     for _ in range(2):
         result = project.prudent("run", "--run-id", "again", "--set", "epochs=1", "--",

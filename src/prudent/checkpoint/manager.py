@@ -69,13 +69,7 @@ class Checkpointer(Component):
         except Exception as exc:
             raise ConfigError(f"cannot read checkpoints at {self.storage.url!r}: {exc}") from None
         if not self.read_only:
-            try:
-                self.storage.check_writable()
-            except Exception as exc:  # noqa: BLE001 - any backend's refusal, named
-                raise ConfigError(
-                    f"cannot write checkpoints to {self.storage.url!r}: {type(exc).__name__}: {exc}. Nothing "
-                    "was trained: fix checkpoint.url (PRUDENT_CHECKPOINT_URL) or the location "
-                    "(create the bucket or folder, grant write access), then run again") from None
+            self.storage.check_writable()
         if loaded is None:
             return
         for name, why in loaded.skipped:

@@ -85,11 +85,18 @@ class CheckpointStorage(ABC):
 
     def check_writable(self) -> None:
         """Write one empty file and delete it: a location no checkpoint can be written to (a
-        bucket that does not exist, no permission) raises here, before any training, instead
-        of failing every save of a run that then cannot survive its machine."""
+        bucket that does not exist, no permission) is a :class:`ConfigError` naming it and
+        the fix, before any training, instead of failing every save of a run that then cannot
+        survive its machine."""
         probe = f".prudent-probe-{uuid.uuid4().hex[:12]}"
-        self.put(probe, "probe", b"")
-        self.delete(probe)
+        try:
+            self.put(probe, "probe", b"")
+            self.delete(probe)
+        except Exception as exc:  # noqa: BLE001 - any backend's refusal, named
+            raise ConfigError(
+                f"cannot write checkpoints to {self.url!r}: {type(exc).__name__}: {exc}. Nothing "
+                "was trained: fix checkpoint.url (PRUDENT_CHECKPOINT_URL) or the location "
+                "(create the bucket or folder, grant write access), then run again") from None
 
     def checkpoints(self) -> list[str]:
         """Checkpoint names, newest (highest step) first."""

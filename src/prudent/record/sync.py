@@ -23,6 +23,7 @@ from prudent.checkpoint.settings import CheckpointSettings
 from prudent.checkpoint.storage import CheckpointStorage, default_location, open_storage
 from prudent.errors import ConfigError
 from prudent.events import Component, EventKind
+from prudent.launch import ENV_S3_ENDPOINT_URL
 from prudent.record.attempt import begin_attempt, host_name
 from prudent.record.format import (
     FOLDER,
@@ -75,6 +76,7 @@ class RecordSync(Component):
         self.attempt = Attempt(begin_attempt(run.id), host_name(), os.getpid(), now, now)
         self.storage = open_storage(self.settings.location(
             run.id, default_location(run.id, run.run_dir)))
+        self.storage.check_writable()  # before anything is written there (the checkpointer's too)
         started = time.perf_counter()
         storage_keys = self._import(run)
         self.import_s = time.perf_counter() - started
@@ -97,7 +99,11 @@ class RecordSync(Component):
             raise
         except Exception as exc:  # noqa: BLE001 - unreachable storage: say so, start nothing
             raise ConfigError(f"cannot read the run record at {self.storage.url}/{FOLDER}: "
-                              f"{type(exc).__name__}: {exc}") from None
+                              f"{type(exc).__name__}: {exc}. Nothing was trained: a run that "
+                              "cannot read its history cannot keep its budget. Check that the "
+                              "object store answers from this machine (its endpoint: "
+                              f"{ENV_S3_ENDPOINT_URL}, the network, the credentials) or fix "
+                              "checkpoint.url, then run the same command again") from None
         if record is None:
             return set(), set()
         self.imported = result = merge_into(run.store, run.id, record, self.attempt.id)
