@@ -104,7 +104,7 @@ def test_after_firing_the_rule_starts_over(name: str) -> None:
     assert first_finding(rule_, sick_stream(name)) is not None
     state, fresh = rule_.state_dict(), make(name).state_dict()
     if name == "loss_spike":  # keeps its pre-spike baseline: what a rollback returns to
-        for kept in ("recent", "skip_above", "_mean", "_std"):  # the baseline's threshold too
+        for kept in ("recent", "thresholds"):  # the baseline's threshold too
             state[kept] = fresh[kept] = None
     assert state == fresh
 

@@ -244,10 +244,11 @@ class Rule:
     * ``needs`` names the parts of the window it reads (``steps``, ``layers``,
       ``activations``, ``memory``, ``evals``); the monitor does not call it for a window where
       they are all empty. The default, all of them, is always right, just slower.
-    * Where checks fall depends on timing (they are spaced by what they cost); the monitor
-      checks at every multiple of ``check_grid`` steps whatever else happens. A rule whose
-      state steers training (a threshold that skips updates) renews that state only at those
-      steps, so the run's updates, and an exact resume, do not depend on the machine's speed.
+    * Where checks fall depends on timing (they are spaced by what they cost), but they are
+      never more than ``check_grid`` steps apart. A rule whose state steers training (a
+      threshold that skips updates) works it out as of multiples of ``check_grid`` and applies
+      it one grid later, so the run's updates, and an exact resume, do not depend on the
+      machine's speed.
     """
 
     name: ClassVar[str] = "rule"

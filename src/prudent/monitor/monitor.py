@@ -158,7 +158,7 @@ class Monitor(Component):
         else:
             above = self.stats.loss_jump_at
             if skipper is not None:
-                above = min(above, skipper.skip_above)
+                above = min(above, skipper.watch_above)
         if above != self._watched_above:
             self._watched_above = above
             run.watch_loss(self, None if above is None else self._loss_watched,
@@ -175,7 +175,7 @@ class Monitor(Component):
         step = run.state.step + 1
         if value.__class__ is not float:
             self._judge_device_loss(run, step, value)
-        elif value > skipper.skip_above:  # an outlier, maybe (NaN compares False)
+        elif value > skipper.watch_above:  # an outlier, maybe (NaN compares False)
             self._judge_update(run, step, value)
 
     def on_after_backward(self, run: RunContext, loss: Any) -> None:
@@ -247,7 +247,7 @@ class Monitor(Component):
 
     def _judge_device_loss(self, run: RunContext, step: int, loss: Any) -> None:
         value = self._device_loss(run, loss)
-        if value is not None and value > self._skipper.skip_above:  # type: ignore[union-attr]
+        if value is not None and value > self._skipper.watch_above:  # type: ignore[union-attr]
             self._judge_update(run, step, value)
 
     def _device_loss(self, run: RunContext, loss: Any) -> float | None:
@@ -416,8 +416,8 @@ class Monitor(Component):
             stats.check_every = min(stats.check_every, due - step)
 
     def _set_check_grid(self) -> None:
-        """The steps the monitor checks at whatever the timing (StepStats.next_due): the rules'
-        grid, for what they renew only there (loss_spike's skip threshold)."""
+        """The most steps between two checks (StepStats.next_due): the rules' grid, for what
+        they renew only at its multiples (loss_spike's skip threshold)."""
         for rule in self.rules.values():
             rule.check_grid = self.stats.max_check_every
 

@@ -199,7 +199,7 @@ class StepStats:
         step = steps[-1]
         if step >= self._step_end_due:
             self._sample_step_end(step)
-        return due or len(self._steps) >= self.window_steps() or step % self.max_check_every == 0
+        return due or len(self._steps) >= self.window_steps()
 
     def pending(self) -> tuple[list[int], list[float | None]]:
         """The steps recorded since the last window was taken, with their losses as numbers:
@@ -227,12 +227,9 @@ class StepStats:
         return self._burst > 0
 
     def next_due(self, step: int) -> int:
-        """After ``step``, the next step whose end needs the monitor: a window due, a multiple
-        of ``max_check_every`` (the rules' grid, see :class:`~prudent.monitor.base.Rule`), or
-        a layer or memory sample (or the activation hooks' arming)."""
-        grid = self.max_check_every  # a check at every multiple, whatever the timing (Rule)
-        return min(step + max(1, self.window_steps() - len(self._steps)), self._step_end_due,
-                   (step // grid + 1) * grid)
+        """After ``step``, the next step whose end needs the monitor: a window due, or a layer
+        or memory sample (or the activation hooks' arming)."""
+        return min(step + max(1, self.window_steps() - len(self._steps)), self._step_end_due)
 
     def _kept_loss(self, loss: Any) -> Any:
         """A loss as the window keeps it: a float, or a detached device tensor read later."""

@@ -66,9 +66,9 @@ class LossSpikeRule(Rule):
     needs = frozenset({"steps"})
     Settings = LossSpikeSettings
     settings: LossSpikeSettings
-    # the threshold is state too: renewed only at grid steps (see Rule), a resumed run must
-    # use the one the uninterrupted run used, not one worked out from a later ``recent``
-    state_fields = ("recent", "streak", "streak_start", "skipped", "skip_above", "_mean", "_std")
+    # the thresholds are state too (see _set_threshold): a resumed run must use the ones the
+    # uninterrupted run used, not ones worked out again from a later ``recent``
+    state_fields = ("recent", "streak", "streak_start", "skipped", "thresholds")
 
     def __init__(self, settings: LossSpikeSettings | None = None) -> None:
         super().__init__(settings)
@@ -76,9 +76,9 @@ class LossSpikeRule(Rule):
         self.streak = 0
         self.streak_start: int | None = None
         self.skipped: deque[int] = deque(maxlen=self.settings.max_skips)
-        self.skip_above = math.inf  # loss above which an update is skipped (set at grid steps)
-        self._mean: float | None = None
-        self._std = 0.0  # of recent, at the last grid step
+        # [first step it applies to, skip above, mean, standard deviation] of ``recent``, oldest
+        # first: with a grid, the one worked out at a grid step g applies from g + grid + 1
+        self.thresholds: list[list[Any]] = [[0, math.inf, None, 0.0]]
         self._sum = 0.0  # of recent, kept as losses come and go
 
     def fit(self, planned_steps: int) -> str | None:
@@ -86,11 +86,28 @@ class LossSpikeRule(Rule):
         self.sized(planned_steps, warmup_steps=max(32, min(100, planned_steps // 10)))
         return None
 
+    @property
+    def skip_above(self) -> float:
+        """The newest threshold (in force at once without a grid; see :meth:`watch_above`)."""
+        return float(self.thresholds[-1][1])
+
+    @property
+    def watch_above(self) -> float:
+        """A loss above this may be skipped at some step soon: the lowest threshold kept."""
+        return float(min(t[1] for t in self.thresholds))
+
+    def _at(self, step: int) -> list[Any]:
+        """The threshold in force at ``step``."""
+        for threshold in reversed(self.thresholds):
+            if threshold[0] <= step:
+                return threshold
+        return [0, math.inf, None, 0.0]
+
     # per step, before the update --------------------------------------------------------
     def skips(self, step: int, loss: float) -> bool:
         """True when ``loss`` at ``step`` is an outlier whose update should be skipped (and the
         budget of skips per window allows it). Cheap: one comparison on most steps."""
-        if not loss > self.skip_above or not math.isfinite(loss) or not self.active_at(step):
+        if not loss > self._at(step)[1] or not math.isfinite(loss) or not self.active_at(step):
             return False
         if len(self.skipped) == self.skipped.maxlen and step - self.skipped[0] < self.settings.window:
             return False  # the budget is spent: a spike that lasts, for check() to judge
@@ -98,8 +115,8 @@ class LossSpikeRule(Rule):
         return True
 
     def describe_skip(self, step: int, loss: float) -> str:
-        mean = self._mean or 0.0
-        std = (self.skip_above - mean) / self.settings.sigmas
+        _, _, mean, std = self._at(step)
+        mean = mean or 0.0
         recent = sum(1 for s in self.skipped if step - s < self.settings.window)
         return (f"loss {fmt(loss)} at step {step} is {(loss - mean) / std if std else math.inf:.3g}"
                 f" standard deviations above its mean {fmt(mean)} over the last "
@@ -111,31 +128,35 @@ class LossSpikeRule(Rule):
     def check(self, window: Window) -> Finding | None:
         finite, grid = window.finite_losses(), self.check_grid
         if not grid:
-            return self._check_part(finite, renew=True)
-        # the window's steps up to each grid step it reaches, the threshold renewed there (as
+            return self._check_part(finite, None)
+        # the window's steps up to each grid step it reaches, a threshold worked out there (as
         # of that step's loss), so which updates are skipped never depends on the checks' timing
         last = window.steps[-1] if window.steps else 0
-        start = 0
+        start, done = 0, 0  # the newest grid step worked out
         for i in range(1, len(finite) + 1):
             bound = -(-finite[i - 1][0] // grid) * grid  # the grid step at or after this one
             if i < len(finite) and finite[i][0] <= bound:
                 continue
-            finding = self._check_part(finite[start:i], renew=last >= bound)
+            finding = self._check_part(finite[start:i], bound if last >= bound else -1)
             if finding is not None:
                 return finding
-            start = i
-        if last % grid == 0 and (not finite or finite[-1][0] < last - grid + 1):
-            self._set_threshold()  # a grid step whose part of the window had no finite loss
+            start, done = i, bound if last >= bound else done
+        if last % grid == 0 and done < last:
+            self._set_threshold(last)  # a grid step whose part of the window had no finite loss
         return None
 
-    def _check_part(self, finite: list[tuple[int, float]], renew: bool) -> Finding | None:
+    def _check_part(self, finite: list[tuple[int, float]], renew_at: int | None
+                    ) -> Finding | None:
+        """``renew_at``: the grid step ``finite`` ends at (-1: it ends before one; None: no
+        grid, the threshold is worked out again and in force at once)."""
         if self._calm(finite):
-            self._take_calm(finite, renew)
-            return None
-        finding = self._judge_each(finite)
-        if finding is None:
-            self._set_threshold() if renew else self._resum()
-        return finding
+            self._take_calm(finite)
+        else:
+            finding = self._judge_each(finite)
+            if finding is not None:
+                return finding
+        self._set_threshold(renew_at) if renew_at != -1 else self._resum()
+        return None
 
     def _judge_each(self, finite: list[tuple[int, float]]) -> Finding | None:
         """:meth:`_judge` on each step, inlined (a healthy loss near its floor has a batch at
@@ -182,13 +203,12 @@ class LossSpikeRule(Rule):
         limits = map(mul, sums, repeat(self.settings.factor * (1 - 1e-9) / size))
         return not any(map(ge, losses, limits))
 
-    def _take_calm(self, finite: list[tuple[int, float]], renew: bool = True) -> None:
+    def _take_calm(self, finite: list[tuple[int, float]]) -> None:
         """What :meth:`_judge` does on a calm window, at C speed: the losses join the moving
         window (no update in it was skipped), the streak is over."""
         if finite:
             self.recent.extend([loss for _, loss in finite])
             self.streak, self.streak_start = 0, None
-        self._set_threshold() if renew else self._resum()  # the running sum too
 
     def _resum(self) -> None:
         self._sum = math.fsum(self.recent)  # no drift from the running sum
@@ -197,7 +217,7 @@ class LossSpikeRule(Rule):
         s = self.settings
         mean = self._moving_mean()
         if (mean is not None and mean > 0 and loss >= s.factor * mean
-                and loss >= mean + s.min_sigmas * self._std and self.active_at(step)):
+                and loss >= mean + s.min_sigmas * self._at(step)[3] and self.active_at(step)):
             self.streak += 1
             self.streak_start = self.streak_start if self.streak > 1 else step
             if self.streak >= s.patience:
@@ -235,21 +255,29 @@ class LossSpikeRule(Rule):
             return None
         return self._sum / len(self.recent)
 
-    def _set_threshold(self) -> None:
+    def _set_threshold(self, grid_step: int | None = None) -> None:
+        """The threshold of ``recent`` now: worked out at ``grid_step``, it applies from one
+        grid later (by then the check that reaches a grid step has run, whenever checks fell:
+        they are never further apart than the grid), so each step's threshold is the same in
+        every run of the same losses; None: in force at once, older ones dropped (no grid, or
+        a spike or a rollback, after which the run has changed course anyway)."""
         self._resum()
         mean = self._moving_mean()
-        self._mean = mean
-        if mean is None:
-            self.skip_above, self._std = math.inf, 0.0
+        std = 0.0
+        if mean is not None:
+            deviations = list(map(sub, self.recent, repeat(mean)))
+            std = math.sqrt(math.fsum(map(mul, deviations, deviations)) / (len(self.recent) - 1))
+        skip = math.inf if mean is None else mean + self.settings.sigmas * std
+        if grid_step is None or not self.check_grid:
+            self.thresholds = [[0, skip, mean, std]]
             return
-        deviations = list(map(sub, self.recent, repeat(mean)))
-        variance = math.fsum(map(mul, deviations, deviations)) / (len(self.recent) - 1)
-        self._std = math.sqrt(variance)
-        self.skip_above = mean + self.settings.sigmas * self._std
+        self.thresholds.append([grid_step + self.check_grid + 1, skip, mean, std])
+        del self.thresholds[:-4]  # a window's steps are never more than two grids back
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        if "skip_above" in state:
+        self.thresholds = [list(t) for t in self.thresholds]
+        if "thresholds" in state:
             self._resum()
-        else:  # a checkpoint from before the threshold was saved
+        else:  # a checkpoint from before the thresholds were saved
             self._set_threshold()
