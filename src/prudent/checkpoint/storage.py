@@ -36,6 +36,9 @@ def step_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+_WRITABLE: set[str] = set()  # locations this process has written a probe to
+
+
 class CheckpointStorage(ABC):
     """Stage files of one checkpoint, commit them, list, read and delete checkpoints.
 
@@ -88,6 +91,8 @@ class CheckpointStorage(ABC):
         bucket that does not exist, no permission) is a :class:`ConfigError` naming it and
         the fix, before any training, instead of failing every save of a run that then cannot
         survive its machine."""
+        if self.url in _WRITABLE:
+            return  # the record's import and the checkpointer open the same location
         probe = f".prudent-probe-{uuid.uuid4().hex[:12]}"
         try:
             self.put(probe, "probe", b"")
@@ -97,6 +102,7 @@ class CheckpointStorage(ABC):
                 f"cannot write checkpoints to {self.url!r}: {type(exc).__name__}: {exc}. Nothing "
                 "was trained: fix checkpoint.url (PRUDENT_CHECKPOINT_URL) or the location "
                 "(create the bucket or folder, grant write access), then run again") from None
+        _WRITABLE.add(self.url)
 
     def checkpoints(self) -> list[str]:
         """Checkpoint names, newest (highest step) first."""
