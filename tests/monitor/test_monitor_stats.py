@@ -83,7 +83,27 @@ def test_a_jump_in_the_norm_makes_a_sparse_stride_measure_every_step() -> None:
         one_step(stats, model, opt, step)
     window = stats.take_window()
     measured = [s for s, g in zip(window.steps, window.grad_norm) if g is not None]
-    assert measured == [4, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20]
+    # step 9 confirms the jump (still 3x above the norms before it): every step from there
+    assert measured == [4, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+
+
+def test_a_one_batch_jump_in_the_norm_costs_one_more_norm_not_a_burst() -> None:
+    stats, model, opt = make(every=4)
+    for step in range(1, 21):
+        x, y = batch(step)
+        odd = step == 8  # one odd batch: its gradients 50x, its update not made (the model
+        loss = F.cross_entropy(model(x), y) * (50.0 if odd else 1.0)  # is as it was)
+        loss.backward()
+        stats.after_backward(step)
+        if not odd:
+            opt.step()
+        opt.zero_grad()
+        stats.step_end(step, loss)
+    window = stats.take_window()
+    measured = [s for s, g in zip(window.steps, window.grad_norm) if g is not None]
+    # the jump at 8 is looked at again at 9, where the norm is back: the stride goes on
+    assert measured == [4, 8, 9, 13, 17]
+    assert not stats.bursting
 
 
 @pytest.mark.parametrize("jump, due", [(True, [10]), (False, [])])

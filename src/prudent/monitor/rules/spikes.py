@@ -76,9 +76,10 @@ class LossSpikeRule(Rule):
         self.streak = 0
         self.streak_start: int | None = None
         self.skipped: deque[int] = deque(maxlen=self.settings.max_skips)
-        # [first step it applies to, skip above, mean, standard deviation] of ``recent``, oldest
-        # first: with a grid, the one worked out at a grid step g applies from g + grid + 1
-        self.thresholds: list[list[Any]] = [[0, math.inf, None, 0.0]]
+        # [first step it applies to, skip above, mean, standard deviation, losses] of ``recent``
+        # (``losses``: how many it held then), oldest first: with a grid, the one worked out at
+        # a grid step g applies from g + grid + 1
+        self.thresholds: list[list[Any]] = [[0, math.inf, None, 0.0, 0]]
         self._sum = 0.0  # of recent, kept as losses come and go
 
     def fit(self, planned_steps: int) -> str | None:
@@ -101,7 +102,7 @@ class LossSpikeRule(Rule):
         for threshold in reversed(self.thresholds):
             if threshold[0] <= step:
                 return threshold
-        return [0, math.inf, None, 0.0]
+        return [0, math.inf, None, 0.0, 0]
 
     # per step, before the update --------------------------------------------------------
     def skips(self, step: int, loss: float) -> bool:
@@ -115,12 +116,15 @@ class LossSpikeRule(Rule):
         return True
 
     def describe_skip(self, step: int, loss: float) -> str:
-        _, _, mean, std = self._at(step)
+        threshold = self._at(step)
+        _, _, mean, std = threshold[:4]
         mean = mean or 0.0
+        # the losses the threshold's mean came from (a checkpoint of before: the window now)
+        losses = threshold[4] if len(threshold) > 4 else len(self.recent)
         recent = sum(1 for s in self.skipped if step - s < self.settings.window)
         return (f"loss {fmt(loss)} at step {step} is {(loss - mean) / std if std else math.inf:.3g}"
                 f" standard deviations above its mean {fmt(mean)} over the last "
-                f"{len(self.recent)} steps (threshold {self.settings.sigmas:g}): its optimizer "
+                f"{losses} steps (threshold {self.settings.sigmas:g}): its optimizer "
                 f"update was skipped ({recent} of at most {self.settings.max_skips} in "
                 f"{self.settings.window} steps)")
 
@@ -269,9 +273,10 @@ class LossSpikeRule(Rule):
             std = math.sqrt(math.fsum(map(mul, deviations, deviations)) / (len(self.recent) - 1))
         skip = math.inf if mean is None else mean + self.settings.sigmas * std
         if grid_step is None or not self.check_grid:
-            self.thresholds = [[0, skip, mean, std]]
+            self.thresholds = [[0, skip, mean, std, len(self.recent)]]
             return
-        self.thresholds.append([grid_step + self.check_grid + 1, skip, mean, std])
+        self.thresholds.append([grid_step + self.check_grid + 1, skip, mean, std,
+                                len(self.recent)])
         del self.thresholds[:-4]  # a window's steps are never more than two grids back
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
