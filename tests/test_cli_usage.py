@@ -38,15 +38,25 @@ MISSING_ARGUMENT = [
     (["tune", "--", "python", "train.py"], "Missing option '--space'"),
 ]
 # run, tune, preflight and replay pass unknown options on to the training command, so a
-# mistyped option there is the script's; a bad value for one of prudent's own is a usage error,
-# and so is a dash-word where prudent run's command should start.
+# mistyped option after the command's first word is the script's; a bad value for one of
+# prudent's own is a usage error, and so is a dash-word where the command should start.
 BAD_VALUE = [
     (["runs", "-n", "abc"], "Invalid value for '--limit'"),
     (["runs", "--limit", "0"], "Invalid value for '--limit'"),
     (["run", "--max-restarts", "abc", "--", "python", "train.py"],
      "Invalid value for '--max-restarts'"),
-    # a mistyped option of prudent run itself, before the command: never run as a program
-    (["run", "--max-restart", "2", "--", "python", "train.py"], "is not an option of prudent run"),
+    # a mistyped option of prudent's own, before the command: never run as a program, and the
+    # verb's closest option named
+    (["run", "--max-restart", "2", "--", "python", "train.py"],
+     r"'--max-restart' is not an option of .*prudent run \(did you mean --max-restarts\?"),
+    (["run", "--budget", "5", "--", "python", "train.py"], "did you mean --budget-usd"),
+    (["tune", "--space", "s.yaml", "--objective", "val_loss", "--trails", "4", "--", "python",
+      "train.py"], r"'--trails' is not an option of .*prudent tune \(did you mean --trials\?"),
+    (["preflight", "--step", "4", "--", "python", "train.py"],
+     r"'--step' is not an option of .*prudent preflight \(did you mean --steps\?"),
+    (["replay", "r1", "--stp", "3"], "did you mean --step"),
+    (["run", "--zzz", "--", "python", "train.py"],
+     r"'--zzz' is not an option of .*prudent run \(see .*prudent run --help\)"),
     (["tune", "--space", "space.yaml", "--trials", "abc", "--", "python", "train.py"],
      "Invalid value for '--trials'"),
     (["preflight", "--steps", "abc", "--", "python", "train.py"], "Invalid value for '--steps'"),

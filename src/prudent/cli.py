@@ -32,6 +32,7 @@ ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
+    context: typer.Context,
     command: list[str] | None = typer.Argument(None, help="The training command, after --."),
     run_id: str | None = typer.Option(None, "--run-id", help="Continue (or name) this run."),
     name: str | None = typer.Option(None, "--name", help="A human name for the run."),
@@ -65,11 +66,9 @@ def run(
     """Supervise a training script: record it, pass --set overrides, forward signals, relaunch."""
     from prudent.profile import parse_step_window
     from prudent.supervisor import Supervisor
+    from prudent.training_command import refuse_option_as_program
 
-    if command and command[0].startswith("-"):  # no program's name starts with a dash
-        raise typer.BadParameter(f"{command[0]!r} is not an option of prudent run (see prudent "
-                                 "run --help); the training command goes after --",
-                                 param_hint="'COMMAND'")
+    refuse_option_as_program(context, command)
     overrides = parse_set_args(set_ or [])
     if profile_steps is not None:
         parse_step_window(profile_steps)  # bad input: exit 2 before anything is written

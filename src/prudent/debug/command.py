@@ -30,6 +30,7 @@ __all__ = ["replay", "replay_command"]
 
 
 def replay(
+    context: typer.Context,
     target: str = typer.Argument(..., metavar="BUNDLE|RUN", help="A capture bundle folder "
                                  "(.prudent/runs/<run>/captures/step-<N>), or a run id with "
                                  "--step."),
@@ -43,6 +44,9 @@ def replay(
                                          help="Settings file (default ./prudent.yaml)."),
 ) -> None:
     """Reproduce a captured failing step on this machine, in your unchanged script."""
+    from prudent.training_command import refuse_option_as_program
+
+    refuse_option_as_program(context, command)
     raise typer.Exit(replay_command(target, step, use_pdb, as_json, command or [], config))
 
 

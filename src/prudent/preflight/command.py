@@ -8,6 +8,7 @@ __all__ = ["preflight"]
 
 
 def preflight(
+    context: typer.Context,
     command: list[str] | None = typer.Argument(None, help="The training command, after --."),
     steps: int = typer.Option(8, "--steps", help="Batches per epoch in the smoke run (two "
                               "epochs run); the first epoch's data is also read in full. A "
@@ -32,6 +33,9 @@ def preflight(
                                          "cost.catalog_file)."),
 ) -> None:
     """Run the script on CPU on a few batches and check what would fail hours into a cloud run."""
+    from prudent.training_command import refuse_option_as_program
+
+    refuse_option_as_program(context, command)
     from prudent.config import load_settings
     from prudent.preflight.checks import run_checks
     from prudent.preflight.projection import price_for, project

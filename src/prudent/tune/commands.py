@@ -14,6 +14,7 @@ _ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (defaul
 
 
 def tune(
+    context: typer.Context,
     command: list[str] | None = typer.Argument(None, help="The training command, after --."),
     space: str = typer.Option(..., "--space", help="Search space YAML file."),
     objective: str = typer.Option(..., "--objective", help="The metric the script logs with "
@@ -72,6 +73,9 @@ def tune(
     config: str | None = _ConfigOption,
 ) -> None:
     """Search hyperparameters: each trial a supervised run; weak and sick trials pruned."""
+    from prudent.training_command import refuse_option_as_program
+
+    refuse_option_as_program(context, command)
     from prudent.config import load_settings
     from prudent.cost import commands as cost_commands
     from prudent.hparams import parse_set_args
