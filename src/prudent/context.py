@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from prudent.errors import StopRun, StoreError
+from prudent.errors import ConfigError, StopRun, StoreError
 from prudent.events import Component, Event, EventKind
 from prudent.loop_times import LoopTimes
 from prudent.signals import SignalStopper
@@ -65,6 +65,9 @@ class RunContext:
         self.started_at = time.time()
         self.status = "running"
         self.stop_reason: StopReason | None = None  # how it ended, once it has
+        # a component refused the run as it started (bad input: a checkpoint location that
+        # cannot be written); its end says nothing on the console: the error does
+        self.refused = False
         self.gauges: dict[str, float] = {}  # live values a component publishes (cost_usd)
         self.stop_deadline: float | None = None  # time.time() by which a stop must be done
         self.defer_stops = False  # True while ranks must first agree (see distributed.py)
@@ -476,7 +479,11 @@ class RunContext:
         _watch_uncaught_exceptions()
         self.record_event(EventKind.LIFECYCLE, "start",
                           f"run {self.id} started on {host_name()}", pid=os.getpid())
-        self.emit(Event.START)
+        try:
+            self.emit(Event.START)
+        except ConfigError:
+            self.refused = True
+            raise
 
     def finish(self, status: str, reason: StopReason | None = None, message: str = "",
                *, notify: bool = True, **payload: Any) -> None:

@@ -63,6 +63,8 @@ def test_checkpoints_that_cannot_be_written_stop_the_run_at_its_start_and_leave_
     assert result.returncode == 2, result.stderr
     assert "prudent: error: cannot write checkpoints to '/dev/null/checkpoints'" in result.stderr
     assert "fix checkpoint.url (PRUDENT_CHECKPOINT_URL)" in result.stderr
+    # the error is the one line: no end-of-run summary of a run that never started
+    assert "prudent | nowhere |" not in result.stderr + result.stdout, result.stderr
     listed = project.prudent("runs", "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout) == []  # nothing ran
 

@@ -222,6 +222,7 @@ def test_console_line_can_go_to_any_stream() -> None:
 
     class FakeRun:
         id = "r1"
+        refused = False
 
     profiler._say(FakeRun(), "hello")  # type: ignore[arg-type]
     assert stream.getvalue() == "prudent | r1 | hello\n"

@@ -73,6 +73,8 @@ class ConsoleReporter(Component):
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+        if run.refused:
+            return  # nothing ran: the error that refused it is the one line to read
         elapsed = timedelta(seconds=round(time.time() - run.started_at))
         how = status if stop_reason is None else f"{status} ({stop_reason})"
         # run.step(tokens=n) is a count for tokens/s (the profile line), not a value to report

@@ -361,7 +361,7 @@ class Profiler(Component):
                 "compute_ms": round(1e3 * compute / count, 4), "every": self._every}
 
     def _say(self, run: RunContext, text: str) -> None:
-        if not self.quiet:
+        if not self.quiet and not run.refused:
             print(f"prudent | {run.id} | {text}", file=self._stream or sys.stderr, flush=True)
 
 
