@@ -68,6 +68,10 @@ class RunContext:
         # a component refused the run as it started (bad input: a checkpoint location that
         # cannot be written); its end says nothing on the console: the error does
         self.refused = False
+        # the step being ended is its epoch's last and the framework ends the epoch next (set
+        # by an adapter: Lightning validates first): a save due now waits for the epoch's end,
+        # a position the framework resumes exactly (see Checkpointer.on_step_end)
+        self.epoch_end_follows = False
         self.gauges: dict[str, float] = {}  # live values a component publishes (cost_usd)
         self.stop_deadline: float | None = None  # time.time() by which a stop must be done
         self.defer_stops = False  # True while ranks must first agree (see distributed.py)

@@ -92,6 +92,7 @@ class PrudentCallback(_pl.Callback):
         self._drop = False  # the batch in progress is one a rollback skips: not trained
         self._dropping: list[int] | None = None  # a rollback's skip: [first step, batches]
         self._ctrl_c = _CtrlC()
+        self._last_batch: int | None = None  # the epoch's last batch_idx (Lightning's limits)
         _LATEST["run"] = self.adapter
 
     @property
@@ -162,6 +163,8 @@ class PrudentCallback(_pl.Callback):
                 loaders if isinstance(loaders, (list, tuple)) else [loaders]):
             if isinstance(loader, ResumableLoader):
                 loader.position = lambda: self.adapter.ctx.state.batches_in_epoch
+                # an epoch's batches as Lightning counts them (limit_train_batches)
+                loader.epoch_length = lambda: _count(trainer.num_training_batches)
 
     def _plan(self, trainer: Any) -> int | None:
         if not self.adapter.is_smoke:
@@ -177,6 +180,7 @@ class PrudentCallback(_pl.Callback):
     # the loop -------------------------------------------------------------------------------
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         batches = trainer.num_training_batches
+        self._last_batch = batches - 1 if isinstance(batches, int) else None
         if self.adapter.is_smoke:  # projections are of the run as planned, not the smoke run
             batches = _length(trainer.train_dataloader)
         self.adapter.epoch_start(trainer.current_epoch, self._planned_epochs,
@@ -230,7 +234,10 @@ class PrudentCallback(_pl.Callback):
         # component (RunContext.host_scalar), and outputs is not looked into.
         loss = self._loss if self._automatic else _returned_loss(outputs)
         self._loss = None
+        ctx = self.adapter.ctx
+        ctx.epoch_end_follows = batch_idx == self._last_batch
         stop = self.adapter.step_done({"loss": loss} if loss is not None else {})
+        ctx.epoch_end_follows = False
         if self._dropping is not None and not self._rollback.skip_left:
             self._dropped()
         if stop is not None:
@@ -438,6 +445,10 @@ def _length(loader: Any) -> int | None:
         return len(loader)
     except TypeError:
         return None
+
+
+def _count(batches: Any) -> int | None:
+    return batches if isinstance(batches, int) else None  # inf: an endless loader
 
 
 def _as_count(limit: Any) -> int:

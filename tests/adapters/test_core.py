@@ -119,6 +119,49 @@ def test_resumable_loader_restored_between_epochs_draws_the_next_order_as_before
     assert len(resumed) == 10 and all(torch.equal(a, b) for a, b in zip(second_epoch, resumed))
 
 
+def _own_generator_loader() -> DataLoader:
+    data = TensorDataset(torch.arange(40.0).unsqueeze(1))
+    return DataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(7))
+
+
+@pytest.mark.parametrize("trained", [0, 10])  # between epochs; after the last batch, not past it
+def test_resumable_loader_saved_at_an_epochs_end_starts_the_next_epoch_in_its_order(
+        trained: int) -> None:
+    # Lightning never runs an epoch's iterator out (it stops at the epoch's length), and one
+    # saved on the last batch's end resumes with the next epoch: the restored loader must give
+    # that epoch's batches in the uninterrupted order, none skipped
+    first = ResumableLoader(_own_generator_loader())
+    first.position = lambda: trained
+    iterator = iter(first)
+    _ = [next(iterator) for _ in range(10)]
+    state = first.state_dict()
+    after = torch.rand(1)  # what the loop draws next
+    second_epoch = [b[0] for b in first]
+    torch.manual_seed(123)  # a new process
+    restored = ResumableLoader(_own_generator_loader())
+    restored.load_state_dict(state)
+    resumed = [b[0] for b in restored]
+    assert len(resumed) == 10 and all(torch.equal(a, b) for a, b in zip(second_epoch, resumed))
+    if trained:  # torch's RNG as at the checkpoint (the loader draws from its own generator)
+        torch.manual_seed(123)
+        restored.load_state_dict(state)
+        next(iter(restored))
+        assert torch.equal(torch.rand(1), after)
+
+
+def test_resumable_loader_counts_an_epoch_as_the_framework_does() -> None:
+    # limit_train_batches=6 of 10: a checkpoint after the 6th batch is after the epoch's end
+    first = ResumableLoader(_own_generator_loader())
+    first.position, first.epoch_length = (lambda: 6), (lambda: 6)
+    iterator = iter(first)
+    _ = [next(iterator) for _ in range(6)]
+    state = first.state_dict()
+    assert state["epoch_batches"] == 6
+    restored = ResumableLoader(_own_generator_loader())
+    restored.load_state_dict(state)
+    assert len(list(restored)) == 10  # the next epoch whole, not its last 4 batches
+
+
 def test_resumable_loader_uses_the_trained_count_it_is_given() -> None:
     loader = ResumableLoader(_loader())
     iterator = iter(loader)

@@ -92,6 +92,30 @@ def test_sigterm_mid_epoch_exits_75_and_the_relaunch_ends_with_identical_weights
     assert any(name == "resumed" for _, _, name in names)
 
 
+def test_a_vanished_machine_resumed_from_an_epochs_last_batch_trains_the_next_epoch(
+        project: Project) -> None:
+    # checkpoints after each epoch's last batch only (23 steps an epoch); the machine vanishes
+    # in the third epoch, so the run resumes from step 46: the second epoch fully trained,
+    # Lightning not yet past its end. The third epoch must be trained, in its own order.
+    (project.path / "prudent.yaml").write_text(
+        "checkpoint: {every: 23steps, at_epoch_end: false}\n")
+    reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--",
+                                sys.executable, TRAIN, timeout=240)
+    assert reference.returncode == 0, reference.stderr
+    (project.path / "steps.log").unlink()
+    cut = project.prudent("run", "--run-id", "cut", "--set", "kill_at_step=50", "--",
+                          sys.executable, TRAIN, timeout=240)
+    assert cut.returncode == 128 + signal.SIGKILL, cut.stderr
+    again = project.prudent("run", "--run-id", "cut", "--", sys.executable, TRAIN, timeout=240)
+    assert again.returncode == 0, again.stderr
+    assert f"DONE {STEPS}" in again.stdout
+    before, after = attempts(project.path / "steps.log")
+    assert before[-1] == 49 and after[0] == 47 and after[-1] == STEPS  # steps 47-49 again
+    assert_identical(torch.load(project.path / "ref.pt", weights_only=True),
+                     torch.load(project.path / "final.pt", weights_only=True))
+    assert project.show("cut")["step"] == STEPS
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_lightning_with_exit_130_as_interrupted(project: Project) -> None:
     # Lightning itself turns a KeyboardInterrupt into exit code 1 (a failure to a supervisor)

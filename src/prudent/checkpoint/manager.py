@@ -53,6 +53,7 @@ class Checkpointer(Component):
         self._last_position: tuple[int, int, int] | None = None
         self._sync_save_s: float | None = None
         self._writing = False  # a background write was started and its result not yet read
+        self._held = False  # a save was due on an epoch's last step: taken at the epoch's end
         self._pace = StepPace()  # the step time between the handler's sparse calls
         self.read_only = False  # torchrun ranks other than 0 restore but never write
         self.pinned: dict[str, str] = {}  # label -> checkpoint kept whatever `keep` says
@@ -127,8 +128,16 @@ class Checkpointer(Component):
                 self._report(run, self.writer.completed())
         # auto never queues a save behind one in flight; fixed intervals are the user's call
         step = run.state.step
-        if (self.schedule.due_at_step(step) and run.stop_requested is None
-                and not (busy and self.schedule.kind == "auto")):
+        if (self._held or self.schedule.due_at_step(step)) and run.stop_requested is None \
+                and not (busy and self.schedule.kind == "auto"):
+            if run.epoch_end_follows and not self._held:
+                # Lightning restarts from a checkpoint of an epoch's last step with the next
+                # epoch and without that epoch's validation, whose loader draws from the RNG:
+                # the next epoch's order would differ. Taken at the epoch's end (after the
+                # validation) instead; at the next step if no epoch end comes.
+                self._held = True
+                return
+            self._held = False
             self.save(run, "periodic")
         if not self._writing:
             self._sleep(run, step)
@@ -142,8 +151,11 @@ class Checkpointer(Component):
             run.sleep_until(self, step + waits)
 
     def on_epoch_end(self, run: RunContext, epoch: int) -> None:
-        if self.writer is not None and self.schedule.due_at_epoch_end(epoch):
-            self.save(run, "epoch_end")
+        if self.writer is None:
+            return
+        held, self._held = self._held, False
+        if held or self.schedule.due_at_epoch_end(epoch):
+            self.save(run, "periodic" if held else "epoch_end")
 
     def on_stop_requested(self, run: RunContext, reason: StopReason) -> None:
         # a pruned trial is never resumed; non-finite weights are not worth resuming from

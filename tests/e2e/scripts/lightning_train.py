@@ -1,10 +1,12 @@
 """examples/lightning_digits.py's model and data with the knobs the adapter's e2e tests need:
 `nan_at_step` puts a NaN into one batch, `sleep_s` slows each step so a test can signal it
-mid-epoch, `out` is where the final weights go, `resumable` wraps the training loader in
+mid-epoch, `kill_at_step` makes the process vanish (SIGKILL, as a reclaimed machine) as that
+step starts, `out` is where the final weights go, `resumable` wraps the training loader in
 prudent.lightning.resumable. Each optimizer step appends "<pid> <step>" to steps.log.
 """
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,11 +23,15 @@ torch.set_num_threads(1)
 
 
 class Knobs(LitDigits):
-    def __init__(self, nan_at_step: int, sleep_s: float, **kwargs: float) -> None:
+    def __init__(self, nan_at_step: int, sleep_s: float, kill_at_step: int,
+                 **kwargs: float) -> None:
         super().__init__(**kwargs)
-        self.nan_at_step, self.sleep_s = nan_at_step, sleep_s
+        self.nan_at_step, self.sleep_s, self.kill_at_step = nan_at_step, sleep_s, kill_at_step
 
     def training_step(self, batch, idx):
+        if self.global_step + 1 == self.kill_at_step:
+            time.sleep(0.5)  # the newest checkpoint's background write lands first
+            os.kill(os.getpid(), signal.SIGKILL)
         x, y = batch
         if self.global_step + 1 == self.nan_at_step:
             x = x.clone()
@@ -41,11 +47,12 @@ class Knobs(LitDigits):
 
 cb = PrudentCallback(name="lightning-train", config={
     "lr": 0.05, "hidden": 32, "max_epochs": 3, "batch_size": 64, "nan_at_step": -1,
-    "sleep_s": 0.0, "out": "final.pt", "resumable": True})
+    "sleep_s": 0.0, "kill_at_step": -1, "out": "final.pt", "resumable": True})
 cfg = cb.config
 L.seed_everything(0, verbose=False)
 train_loader, val_loader = digits_loaders(cfg["batch_size"])
-model = Knobs(cfg["nan_at_step"], cfg["sleep_s"], lr=cfg["lr"], hidden=cfg["hidden"])
+model = Knobs(cfg["nan_at_step"], cfg["sleep_s"], cfg["kill_at_step"], lr=cfg["lr"],
+              hidden=cfg["hidden"])
 trainer = L.Trainer(max_epochs=cfg["max_epochs"], callbacks=[cb], accelerator="cpu",
                     logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, deterministic=True)
