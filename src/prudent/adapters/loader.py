@@ -97,8 +97,8 @@ def _length(loader: Iterable[Any]) -> int | None:
 
 
 def _trained_to_its_end(state: dict[str, Any], loader: Iterable[Any]) -> bool:
-    """The saved position is after the epoch's last batch (a checkpoint before 2026-12-05 has
-    no ``epoch_batches``: the loader's length stands in)."""
+    """The saved position is after the epoch's last batch (a checkpoint from before
+    ``epoch_batches`` was kept: the loader's length stands in)."""
     batches = state.get("batches") or 0
     length = state.get("epoch_batches") or _length(loader)
     return bool(batches) and length is not None and batches >= length

@@ -168,9 +168,9 @@ class StepStats:
         the burst starts only if that one is still above the bar. Late in a healthy run the
         norm is small and noisy (0.003-0.03 on the digits MLP) and one batch in ~400 lands
         3x above the recent ones, then the next falls back: each such fluke cost a burst of
-        32-46 measured steps (30% of a 2,000-step Lightning run's steps carried a norm, which
-        moved its median step 2.5%); now it costs one norm. An explosion keeps climbing and
-        is followed one step later."""
+        32-46 measured steps (30% of a 2,000-step Lightning run's steps carried a norm; 8%
+        now); now it costs one norm. An explosion keeps climbing and is followed one step
+        later."""
         reference = max(self._last_norm, self._norm_mean)
         confirming, self._jump_from = self._jump_from, None
         if not math.isfinite(norm) or (confirming is not None and norm > _BURST_JUMP * confirming):
