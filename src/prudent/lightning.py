@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from prudent.adapters.core import AdapterRun
-from prudent.adapters.loader import ResumableLoader
+from prudent.adapters.loader import ResumableLoader, loader_length
 from prudent.optimizer_step import replace_next_step
 from prudent.stop import ExitCode
 
@@ -171,7 +171,7 @@ class PrudentCallback(_pl.Callback):
             steps = trainer.estimated_stepping_batches
             return int(steps) if 0 < steps < float("inf") else None
         planned = [self._planned_max_steps] if self._planned_max_steps > 0 else []
-        batches = _length(trainer.train_dataloader)
+        batches = loader_length(trainer.train_dataloader)
         if batches and self._planned_epochs and self._planned_epochs > 0:
             micro = trainer.accumulate_grad_batches
             planned.append(self._planned_epochs * -(-batches // micro))
@@ -182,7 +182,7 @@ class PrudentCallback(_pl.Callback):
         batches = trainer.num_training_batches
         self._last_batch = batches - 1 if isinstance(batches, int) else None
         if self.adapter.is_smoke:  # projections are of the run as planned, not the smoke run
-            batches = _length(trainer.train_dataloader)
+            batches = loader_length(trainer.train_dataloader)
         self.adapter.epoch_start(trainer.current_epoch, self._planned_epochs,
                                  batches if isinstance(batches, int) else None)
 
@@ -439,12 +439,6 @@ def _drop_gradients(optimizer: Any) -> None:
         for param in group["params"]:
             param.grad = None
 
-
-def _length(loader: Any) -> int | None:
-    try:
-        return len(loader)
-    except TypeError:
-        return None
 
 
 def _count(batches: Any) -> int | None:

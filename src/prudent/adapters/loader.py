@@ -23,7 +23,7 @@ from prudent.data import (
 )
 from prudent.rng import capture_rng, restore_rng
 
-__all__ = ["ResumableLoader"]
+__all__ = ["ResumableLoader", "loader_length"]
 
 
 class ResumableLoader:
@@ -83,13 +83,14 @@ class ResumableLoader:
         # stops at the epoch's length), for a checkpoint between epochs or after the last batch
         return {"epoch_rng": self._epoch_rng, "batches": trained, "rng": capture_rng(),
                 "loader_rng": loader_generator_states(self.loader),
-                "epoch_batches": length if length is not None else _length(self.loader)}
+                "epoch_batches": length if length is not None else loader_length(self.loader)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume = dict(state)
 
 
-def _length(loader: Iterable[Any]) -> int | None:
+def loader_length(loader: Any) -> int | None:
+    """Batches an epoch of ``loader`` has (None: it has no length)."""
     try:
         return len(loader)  # type: ignore[arg-type]
     except TypeError:
@@ -100,5 +101,5 @@ def _trained_to_its_end(state: dict[str, Any], loader: Iterable[Any]) -> bool:
     """The saved position is after the epoch's last batch (a checkpoint from before
     ``epoch_batches`` was kept: the loader's length stands in)."""
     batches = state.get("batches") or 0
-    length = state.get("epoch_batches") or _length(loader)
+    length = state.get("epoch_batches") or loader_length(loader)
     return bool(batches) and length is not None and batches >= length
