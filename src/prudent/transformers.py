@@ -16,12 +16,15 @@ checkpoint (``control.should_save``) and to stop (``control.should_training_stop
 checkpoint folder is written (``on_save``) prudent's checkpoint takes it along, and when
 ``train()`` returns the process exits with prudent's code.
 
-A checkpoint restored while ``train()`` runs (a rule's ``rollback``, early stopping's
-``restore_best``) is loaded into the Trainer's live model, optimizer and LR scheduler between
-two steps; the Trainer's counters go on. For that, each prudent checkpoint taken between the
-Trainer's own saves also carries the live state (``live/``: ``model.safetensors``,
-``optimizer.pt``, ``scheduler.pt``, the file names of a Trainer checkpoint); resuming still
-goes through the newest folder the Trainer wrote.
+Each prudent checkpoint taken between the Trainer's own saves is a complete Trainer checkpoint
+folder of its step (``live/``: ``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``,
+``scaler.pt`` under a GradScaler, ``rng_state.pth``, ``trainer_state.json``: the files and
+contents ``Trainer._save_checkpoint`` writes), made in memory on the training thread. A run
+whose machine vanished resumes from it (``resume_path()``), whatever the ``save_strategy``:
+on a spot VM the Trainer's own folders die with the disk. A checkpoint restored while
+``train()`` runs (a rule's ``rollback``, early stopping's ``restore_best``) is loaded into the
+Trainer's live model, optimizer and LR scheduler between two steps; the Trainer's counters go
+on.
 
 A rollback's ``skip_batches`` cannot keep batches from the Trainer, which draws its own: the
 callback drops them instead. The next ``skip_batches`` micro-batches are drawn and run forward
@@ -36,8 +39,11 @@ position from ``global_step``: it would train k batches again.
 
 from __future__ import annotations
 
+import dataclasses
+import io
 import json
 import math
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -62,9 +68,10 @@ HPARAMS = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_b
            "gradient_accumulation_steps", "weight_decay", "warmup_steps", "max_grad_norm",
            "lr_scheduler_type", "seed", "adam_beta1", "adam_beta2", "adam_epsilon")
 
-LIVE = "live"  # the live state in a prudent checkpoint, when no Trainer folder of that step
+LIVE = "live"  # a Trainer folder of a prudent checkpoint's step, when the Trainer wrote none
 WEIGHTS, WEIGHTS_BIN = "model.safetensors", "pytorch_model.bin"  # the Trainer's file names
-OPTIMIZER, SCHEDULER = "optimizer.pt", "scheduler.pt"
+OPTIMIZER, SCHEDULER, SCALER = "optimizer.pt", "scheduler.pt", "scaler.pt"
+TRAINER_STATE = "trainer_state.json"
 
 
 class PrudentCallback(TrainerCallback):
@@ -99,6 +106,10 @@ class PrudentCallback(TrainerCallback):
         self._rollback: Any = None  # the monitor's rollback action (its batches to skip)
         self._dropping: list[int] | None = None  # a rollback's skip: [first step, batches]
         self._tqdm_monitors: set[Any] = set()  # tqdm's monitor threads before train() began
+        self._args: Any = None  # the Trainer's arguments, state and control, for live/
+        self._trainer_state: Any = None
+        self._control: Any = None
+        self._trainer: Any = None  # the Trainer whose hook this is (found up the stack)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -107,10 +118,12 @@ class PrudentCallback(TrainerCallback):
 
     def resume_path(self) -> str | None:
         """The checkpoint folder for ``trainer.train(resume_from_checkpoint=...)`` (None: fresh).
-        A checkpoint carrying only the live state (no Trainer folder yet) does not resume: it
-        holds no ``trainer_state.json``, and the Trainer would count from step 0 again."""
+        A ``live/`` folder written before it was a complete Trainer folder (no
+        ``trainer_state.json``) does not resume: the Trainer would count from step 0 again."""
         path = self.adapter.resume_path
-        return None if path is None or Path(path).name == LIVE else path
+        if path is None or (Path(path).name == LIVE and not (Path(path) / TRAINER_STATE).is_file()):
+            return None
+        return path
 
     # set-up ---------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -137,6 +150,8 @@ class PrudentCallback(TrainerCallback):
                        train_dataloader: Any = None, **kwargs: Any) -> None:
         run_state = self.adapter.ctx.state
         run_state.step = state.global_step  # where the Trainer resumed
+        self._args, self._trainer_state, self._control = args, state, control
+        self._trainer = _calling_trainer(sys._getframe(1))
         self._tqdm_monitors = set(_tqdm_monitors())
         # the planned length the rules are sized to: the Trainer's own count of optimizer steps
         # (max_steps, or the epochs x ceil(batches / accumulation)); a smoke run's is its own
@@ -175,19 +190,28 @@ class PrudentCallback(TrainerCallback):
 
     def _files(self) -> tuple[str, dict[str, bytes]]:
         """What prudent's checkpoint carries, made in memory (no scratch folder written and
-        read back): the Trainer's newest folder, and the live state when that folder is older
-        than this step (a rollback or ``restore_best`` must get the weights of the
-        checkpoint's step, not of the Trainer's last save)."""
-        files: dict[str, bytes] = {}
-        source, entry = self._written or self._resumed_from, LIVE
-        if source is not None and source.is_dir():
-            entry = source.name
-            files.update({f"{entry}/{p.relative_to(source).as_posix()}": p.read_bytes()
-                          for p in sorted(source.rglob("*")) if p.is_file()})
-            if self._written is not None and self._written_step == self.adapter.ctx.state.step:
-                return entry, files  # the Trainer saved this very step (a stop): its folder
-        files.update(_live_files(self._model, self._optimizer, self._scheduler))
-        return entry, files
+        read back): the Trainer's folder when it saved this very step (a stop), else a
+        complete Trainer folder of this step (``live/``). A folder the Trainer wrote at an
+        earlier step is not carried: ``live/`` is newer, and a rollback or ``restore_best``
+        must get the weights of the checkpoint's step."""
+        written = self._written
+        if written is not None and self._written_step == self.adapter.ctx.state.step and (
+                written.is_dir()):
+            return written.name, {f"{written.name}/{p.relative_to(written).as_posix()}":
+                                  p.read_bytes() for p in sorted(written.rglob("*"))
+                                  if p.is_file()}
+        files = _live_files(self._model, self._optimizer, self._scheduler)
+        scaler = getattr(self._wrapper, "scaler", None)
+        if scaler is not None:
+            files[f"{LIVE}/{SCALER}"] = _saved(scaler.state_dict())
+        args = self._args
+        rng_file = ("rng_state.pth" if args is None or args.world_size <= 1
+                    else f"rng_state_{args.process_index}.pth")
+        files[f"{LIVE}/{rng_file}"] = _saved(_rng_states(args))
+        if self._trainer_state is not None:
+            files[f"{LIVE}/{TRAINER_STATE}"] = _trainer_state_json(
+                self._trainer_state, self._trainer, self._control).encode()
+        return LIVE, files
 
     def _load_live(self, path: Path) -> None:
         """A checkpoint restored while ``train()`` runs: the weights, the optimizer's and the
@@ -389,11 +413,65 @@ def _torch_scheduler(scheduler: Any) -> Any:
     return inner if isinstance(inner, torch.optim.lr_scheduler.LRScheduler) else None
 
 
-def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
-    """The live state under the names of a Trainer checkpoint's files (copies: the writer
-    thread writes them while training goes on)."""
-    import io
+def _calling_trainer(frame: Any) -> Any:
+    """The ``Trainer`` whose loop calls this hook, found up the stack (the hook's arguments do
+    not carry it; None where it is not found): ``trainer_state.json`` takes its callbacks'
+    exportable states and its floating-point operations not yet added to the state."""
+    from transformers import Trainer
 
+    for _ in range(8):
+        if frame is None:
+            return None
+        found = frame.f_locals.get("self")
+        if isinstance(found, Trainer):
+            return found
+        frame = frame.f_back
+    return None
+
+
+def _trainer_state_json(state: Any, trainer: Any, control: Any) -> str:
+    """``trainer_state.json`` as ``Trainer._save_checkpoint`` writes it, the live state left
+    as it is: the exportable callbacks' states (and the control's) as they are now, and the
+    floating-point operations counted since the last save (in a distributed run the Trainer
+    sums them over the processes, a collective: the state's own total is kept there)."""
+    from transformers.trainer_callback import ExportableState
+
+    callbacks = [*(trainer.callback_handler.callbacks if trainer is not None else []), control]
+    exported: dict[str, Any] = {}
+    for callback in callbacks:
+        if isinstance(callback, ExportableState):
+            exported.setdefault(type(callback).__name__, []).append(callback.state())
+    saved = dataclasses.asdict(state)
+    saved["stateful_callbacks"] = {**(state.stateful_callbacks or {}), **{
+        name: states if len(states) > 1 else states[0] for name, states in exported.items()}}
+    if trainer is not None and trainer.args.world_size <= 1:
+        saved["total_flos"] = state.total_flos + getattr(trainer, "current_flos", 0)
+    return json.dumps(saved, indent=2, sort_keys=True) + "\n"
+
+
+def _rng_states(args: Any) -> dict[str, Any]:
+    """The random generators' states as ``Trainer._save_rng_state`` saves them (CPU, CUDA)."""
+    import numpy as np
+
+    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        distributed = args is not None and str(getattr(args.parallel_mode, "value",
+                                                       args.parallel_mode)) == "distributed"
+        states["cuda"] = (torch.cuda.random.get_rng_state_all() if distributed
+                          else torch.cuda.random.get_rng_state())
+    return states
+
+
+def _saved(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
+    """The model's, optimizer's and LR scheduler's state under the names of a Trainer
+    checkpoint's files (copies: the writer thread writes them while training goes on)."""
     from safetensors.torch import save
 
     tensors: dict[str, Any] = {}
@@ -407,9 +485,7 @@ def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
     files = {f"{LIVE}/{WEIGHTS}": save(tensors, metadata={"format": "pt"})}
     for name, obj in ((OPTIMIZER, optimizer), (SCHEDULER, scheduler)):
         if obj is not None:
-            buffer = io.BytesIO()
-            torch.save(obj.state_dict(), buffer)
-            files[f"{LIVE}/{name}"] = buffer.getvalue()
+            files[f"{LIVE}/{name}"] = _saved(obj.state_dict())
     return files
 
 

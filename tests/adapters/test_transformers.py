@@ -326,6 +326,48 @@ def test_a_restored_checkpoint_holding_a_trainer_folder_is_loaded_from_the_train
     assert trainer.state.global_step == 6
 
 
+def test_prudents_checkpoint_between_the_trainers_saves_is_the_folder_the_trainer_writes(
+        tmp_path: Path) -> None:
+    # on a spot VM the Trainer's own folders die with the disk: the run resumes from prudent's
+    # live/, so it must hold what Trainer._save_checkpoint writes at that step, file for file
+    import io
+    import json
+
+    from safetensors.torch import load
+
+    from prudent.testing import make_settings
+    from prudent.transformers import PrudentCallback
+
+    cb = PrudentCallback("live", {}, exit_on_stop=False, settings=make_settings(
+        tmp_path, checkpoint={"every": "100steps", "at_epoch_end": False}))
+    taken: dict[str, Any] = {}
+    probe = _Probe({3: lambda run: taken.update(cb.adapter.framework_checkpoint.state_dict())})
+    cb.adapter.ctx.add_component(probe)
+    trainer = probe.trainer = _trainer(
+        tmp_path, _model(), [cb, transformers.EarlyStoppingCallback(2)], max_steps=4,
+        save_strategy="steps", save_steps=3, eval_strategy="steps", eval_steps=2,
+        metric_for_best_model="eval_loss")
+    trainer.train()
+
+    ours = {name.removeprefix("live/"): bytes(data.numpy())
+            for name, data in taken["files"].items()}
+    theirs = tmp_path / "out" / "checkpoint-3"
+    assert taken["entry"] == "live"
+    assert {"model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+            "trainer_state.json"} <= ours.keys()
+    _assert_equal(load(ours["model.safetensors"]),
+                  load((theirs / "model.safetensors").read_bytes()))
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        mine = torch.load(io.BytesIO(ours[name]), weights_only=False)
+        assert repr(mine) == repr(torch.load(theirs / name, weights_only=False)), name
+    state = json.loads(ours["trainer_state.json"])
+    trainer_state = json.loads((theirs / "trainer_state.json").read_text())
+    # (the Trainer logs after its callbacks' on_step_end, where prudent's checkpoint is taken)
+    logged, trainer_logged = state.pop("log_history"), trainer_state.pop("log_history")
+    assert state["global_step"] == 3 and logged == trainer_logged[:len(logged)]
+    assert state == trainer_state  # the early stopping callback's counter included
+
+
 class _StopAt(transformers.TrainerCallback):
     """Ends ``train()`` after ``step`` optimizer steps, as the Trainer's own stop does."""
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -85,6 +86,35 @@ def test_sigterm_exits_75_and_the_relaunch_resumes_to_identical_weights(
     run = project.show("victim")
     assert (run["status"], run["restarts"]) == ("completed", 1)
     assert before[-1] in _saved(run)  # the stop saved the Trainer's checkpoint at once
+
+
+def test_a_vanished_machine_resumes_on_a_new_one_from_prudents_newest_checkpoint(
+        tmp_path, project: Project) -> None:
+    # save_strategy="no" (the script's): the Trainer writes no folder of its own, so only
+    # prudent's periodic checkpoints (every 5 steps, to a shared folder standing in for a
+    # bucket) survive the machine; the new machine has an empty disk and home
+    bucket = tmp_path / "bucket"
+    old, new = (Project(tmp_path / name) for name in ("old", "new"))
+    for machine in (old, new):
+        machine.path.mkdir()
+        (machine.path / "prudent.yaml").write_text(
+            f"checkpoint: {{url: '{bucket}', every: 5steps}}\n")
+    reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--",
+                                sys.executable, TRAIN, timeout=240)
+    assert reference.returncode == 0, reference.stderr
+    # checkpoints at 5, 8 (epoch end), 13; slow steps let step 13's reach the bucket
+    cut = old.prudent("run", "--run-id", "spot", "--set", "kill_at_step=15",
+                      "--set", "sleep_s=0.3", "--", sys.executable, TRAIN, timeout=240)
+    assert cut.returncode == 128 + signal.SIGKILL, cut.stderr
+    again = new.prudent("run", "--run-id", "spot", "--", sys.executable, TRAIN, timeout=240)
+    assert again.returncode == 0, again.stderr
+    assert f"DONE {STEPS}" in again.stdout
+    steps = [int(line.split()[1]) for line in (new.path / "steps.log").read_text().splitlines()]
+    assert steps == list(range(14, STEPS + 1))  # from step 13's checkpoint: 14 and 15 again
+    assert_identical(torch.load(project.path / "ref.pt", weights_only=True),
+                     torch.load(new.path / "final.pt", weights_only=True))
+    run = new.show("spot")
+    assert (run["status"], run["step"]) == ("completed", STEPS)
 
 
 @pytest.mark.slow

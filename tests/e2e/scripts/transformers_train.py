@@ -1,10 +1,12 @@
 """examples/transformers_tiny_bert.py's model and data with the knobs the adapter's e2e tests
 need: `nan_at_step` turns one step's embeddings to NaN, `sleep_s` slows each step so a test
-can signal it mid-epoch, `out` is where the final weights go. Each optimizer step appends
+can signal it mid-epoch, `kill_at_step` makes the process vanish (SIGKILL, as a reclaimed
+machine) as that step ends, `out` is where the final weights go. Each optimizer step appends
 "<pid> <step>" to steps.log.
 """
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -26,7 +28,7 @@ from prudent.transformers import PrudentCallback  # noqa: E402
 torch.set_num_threads(1)
 cb = PrudentCallback(name="transformers-train", config={
     "learning_rate": 2e-3, "num_train_epochs": 2, "per_device_train_batch_size": 32, "seed": 0,
-    "nan_at_step": -1, "sleep_s": 0.0, "out": "final.pt"})
+    "nan_at_step": -1, "sleep_s": 0.0, "kill_at_step": -1, "out": "final.pt"})
 cfg = cb.config
 torch.manual_seed(0)
 model = BertForSequenceClassification(BertConfig(
@@ -42,6 +44,8 @@ class Knobs(TrainerCallback):
         time.sleep(cfg["sleep_s"])
         with open("steps.log", "a") as log:
             log.write(f"{os.getpid()} {state.global_step}\n")
+        if state.global_step == cfg["kill_at_step"]:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 knobs = Knobs()
