@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -100,6 +101,36 @@ def test_sigterm_mid_epoch_exits_75_and_the_relaunch_ends_with_identical_weights
     names = _events(run, "checkpoint", "lifecycle")
     assert (before[-1], "checkpoint", "saved") in names  # the stop saved at once
     assert any(name == "resumed" for _, _, name in names)
+
+
+@pytest.mark.slow
+def test_a_vanished_machine_resumes_on_a_new_one_to_identical_weights(
+        tmp_path, project: Project) -> None:
+    # checkpoints every 10 steps and at each epoch's end to a shared folder standing in for a
+    # bucket; the second machine has an empty disk and home
+    bucket = tmp_path / "bucket"
+    old, new = (Project(tmp_path / name) for name in ("old", "new"))
+    for machine in (old, new):
+        machine.path.mkdir()
+        (machine.path / "prudent.yaml").write_text(
+            f"checkpoint: {{url: '{bucket}', every: 10steps}}\n")
+    reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.npz",
+                                "--set", "dropout=0.3", "--", sys.executable, TRAIN, timeout=240)
+    assert reference.returncode == 0, reference.stderr
+    # checkpoints at 10, 20, 23 (epoch end), 33; slow steps let step 33's reach the bucket
+    cut = old.prudent("run", "--run-id", "spot", "--set", "dropout=0.3", "--set",
+                      "kill_at_step=35", "--set", "sleep_s=0.1", "--", sys.executable, TRAIN,
+                      timeout=240)
+    assert cut.returncode == 128 + signal.SIGKILL, cut.stderr
+    again = new.prudent("run", "--run-id", "spot", "--set", "dropout=0.3", "--",
+                        sys.executable, TRAIN, timeout=240)
+    assert again.returncode == 0, again.stderr
+    steps = [int(line.split()[1]) for line in (new.path / "steps.log").read_text().splitlines()]
+    assert steps == list(range(34, STEPS + 1))  # from step 33's checkpoint: 34 and 35 again
+    ref, final = np.load(project.path / "ref.npz"), np.load(new.path / "final.npz")
+    for key in ref.files:
+        assert np.array_equal(ref[key], final[key]), key
+    assert new.show("spot")["step"] == STEPS
 
 
 @pytest.mark.slow
