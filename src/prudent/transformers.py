@@ -352,6 +352,7 @@ class PrudentCallback(TrainerCallback):
         self._hooks = []
         _end_tqdm_monitors(self._tqdm_monitors)
         self.adapter.framework_checkpoint.bind(None)
+        self._trainer = self._trainer_state = self._control = None  # (the Trainer holds us)
         self.adapter.finish()
 
 
