@@ -122,6 +122,41 @@ def test_a_nanogpt_killed_twice_ends_with_the_weights_of_an_uninterrupted_run(
 
 
 @pytest.mark.slow  # four short processes: about 15 s on an idle 2-core machine
+def test_an_iteration_loop_whose_updates_are_skipped_survives_a_vanished_machine(
+        tmp_path: Path, project: Project) -> None:
+    """run.steps, 2 micro-steps, AdamW, its own generator, and loss_spike skipping a few
+    updates: SIGKILL on one machine, the same command on a second with an empty disk and
+    home; the skips and the final weights are those of a run never interrupted."""
+    bucket = tmp_path / "bucket"
+    old, new = (Project(tmp_path / name) for name in ("old", "new"))
+    for machine in (old, new):
+        machine.path.mkdir()
+        (machine.path / "prudent.yaml").write_text(
+            f"checkpoint: {{url: '{bucket}', every: 50steps}}\n")
+    train = [sys.executable, script("bigram_skips.py")]
+    reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--", *train,
+                                timeout=240)
+    assert reference.returncode == 0, reference.stderr
+    skipped = _skipped(project.show("ref"))
+    assert len(skipped) >= 3 and max(skipped) > 530  # some after the resume point below
+    cut = old.prudent("run", "--run-id", "spot", "--set", "kill_at_step=530", "--set",
+                      "sleep_s=0.002", "--", *train, timeout=240)
+    assert cut.returncode == 128 + signal.SIGKILL, cut.stderr
+    again = new.prudent("run", "--run-id", "spot", "--", *train, timeout=240)
+    assert again.returncode == 0, again.stderr
+    steps = [int(line.split()[1]) for line in (new.path / "steps.log").read_text().splitlines()]
+    assert steps[0] in (501, 451) and steps[-1] == 600  # from the newest checkpoint that landed
+    final = torch.load(new.path / "final.pt", weights_only=True)
+    expected = torch.load(project.path / "ref.pt", weights_only=True)
+    assert all(torch.equal(final[k], expected[k]) for k in expected)
+    assert [s for s in _skipped(new.show("spot")) if s >= steps[0]] == [
+        s for s in skipped if s >= steps[0]]
+
+
+def _skipped(run: dict[str, Any]) -> list[int]:
+    return [e["step"] for e in run["events"] if e["name"] == "skipped_update"]
+
+
 def test_prudent_preflight_of_a_nanogpt_passes_in_steps_with_a_projection(
         project: Project) -> None:
     started = time.monotonic()
