@@ -77,6 +77,7 @@ class SignalForwarder:
         self.kill_message = kill_message
         self.children: list[subprocess.Popen[bytes]] = []
         self.signals_seen = 0
+        self.signals: set[int] = set()  # which ones
         self._previous: dict[int, Any] = {}
 
     def add(self, child: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
@@ -97,6 +98,7 @@ class SignalForwarder:
     def forward(self, signum: int, _frame: FrameType | None = None) -> None:
         """The handler: count the signal, pass it on (or kill, the third time)."""
         self.signals_seen += 1
+        self.signals.add(signum)
         alive = [c for c in self.children if c.poll() is None]
         if self.signals_seen >= _KILL_AT and alive and self.kill_message:
             print(self.kill_message, file=sys.stderr)

@@ -5,8 +5,10 @@ The child learns its run id, settings and ``--set`` overrides from its launch sp
 so progress bars work). SIGINT/SIGTERM/SIGHUP reach the child once each; a third signal kills
 it. If the child dies without closing its record (SIGKILL, OOM, a crash before
 ``prudent.init``), the supervisor closes it from the exit status, so ``prudent show`` never lies
-with "running". A child refused before it started (exit code 2 before ``prudent.init``
-recorded anything: a mistyped ``--set`` key) leaves no run at all.
+with "running"; a child ended by the preemption notice the supervisor passed on, before its
+script could handle it, is a preempted run (exit 75), as if it had stopped itself. A child
+refused before it started (exit code 2 before ``prudent.init`` recorded anything: a mistyped
+``--set`` key) leaves no run at all.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from prudent.store import Store
 from prudent.units import validate_run_id
 
 __all__ = ["Supervisor"]
+
+# what a platform sends before it takes the machine: SIGTERM, SLURM's SIGUSR1 warning
+PREEMPTION_SIGNALS = frozenset({signal.SIGTERM, *((signal.SIGUSR1,)
+                                                  if hasattr(signal, "SIGUSR1") else ())})
 
 
 
@@ -78,7 +84,7 @@ class Supervisor:
         created = self._register(store)
         attempt = 0
         while True:
-            code = self._launch_and_wait()
+            code = self._preempted_while_starting(store, self._launch_and_wait())
             if created and attempt == 0 and self._refused(store, code):
                 store.delete_run(self.run_id)  # nothing ran: no run to list
                 return code
@@ -90,6 +96,21 @@ class Supervisor:
             if self.signals_seen:
                 return code if code >= 0 else 128 - code
             store.count_restart(self.run_id)
+
+    def _preempted_while_starting(self, store: Store, code: int) -> int:
+        """A preemption notice this supervisor passed on, which the child died of: it came
+        before the script's ``prudent.init`` installed the handler (torch still importing, the
+        data still loading). Nothing was trained that the newest checkpoint does not hold, and
+        the platform must resume the run, not count a crash: exit 75, ``preempted``."""
+        if code >= 0 or -code not in PREEMPTION_SIGNALS or -code not in self.forwarder.signals:
+            return code
+        name = signal.Signals(-code).name
+        message = (f"{name} ended the training process before the script could handle it (it "
+                   "had not reached prudent.init): a preempted run, resumed from its newest "
+                   "checkpoint by the next launch")
+        print(f"prudent: {message} (exit {int(ExitCode.PREEMPTED)})", file=sys.stderr, flush=True)
+        _event(store, self.run_id, "preempted_while_starting", message, signal=name)
+        return int(ExitCode.PREEMPTED)
 
     def _should_relaunch(self, code: int, attempt: int,
                          record: dict[str, Any] | None = None) -> bool:

@@ -102,6 +102,26 @@ def test_signal_to_supervisor_stops_training_cleanly(project: Project, signum: i
     assert shown["step"] >= 1 and shown["metrics"]["loss"] == 1.0
 
 
+def test_sigterm_before_the_script_reaches_prudent_init_is_a_preemption(
+        project: Project) -> None:
+    # a spot VM's notice can come while the script still imports torch or loads its data,
+    # before prudent.init installs its handler: the child dies of the signal itself. The
+    # launch recipes requeue or recover on exit 75 only, so 143 would lose the job.
+    code = ("import sys, time\nprint('STARTING', flush=True)\ntime.sleep(60)\n"
+            "import prudent\nprudent.init(name='late')\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "prudent", "run", "--run-id", "early", "--", sys.executable,
+         "-c", code], cwd=project.path, env=project.env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    assert process.stdout is not None and process.stdout.readline().strip() == "STARTING"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 75
+    _, err = process.communicate()
+    assert "before the script could handle it" in err
+    shown = project.show("early")
+    assert (shown["status"], shown["stop_reason"]) == ("stopped", "preempted")
+
+
 def test_child_killed_without_warning_is_recorded_as_failed(project: Project) -> None:
     process = _start_slow(project, "killed")
     time.sleep(2.0)  # ~2 s of training at 0.02 s a step; at most the last second may be lost
