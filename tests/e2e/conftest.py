@@ -56,3 +56,24 @@ def child_of(supervisor: subprocess.Popen[str], previous: int | None,
             return kids[0]
         time.sleep(0.02)
     raise AssertionError("prudent run did not relaunch the training process")
+
+
+def two_machines(root: Path, checkpoint: str) -> tuple[Project, Project]:
+    """A spot VM and the one that replaces it: two project folders (each its own disk and home)
+    whose checkpoints go to one shared folder standing in for the bucket. ``checkpoint``: the
+    rest of the ``checkpoint:`` section (``every: 5steps``)."""
+    bucket = root / "bucket"
+    machines = []
+    for name in ("old", "new"):
+        machine = Project(root / name)
+        machine.path.mkdir()
+        (machine.path / "prudent.yaml").write_text(
+            f"checkpoint: {{url: '{bucket}', {checkpoint}}}\n")
+        machines.append(machine)
+    return machines[0], machines[1]
+
+
+def steps_trained(machine: Project) -> list[int]:
+    """The steps the training scripts wrote to this machine's steps.log ("<pid> <step>")."""
+    return [int(line.split()[1])
+            for line in (machine.path / "steps.log").read_text().splitlines()]

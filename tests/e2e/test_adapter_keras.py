@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import ROOT, Project, child_of, script
+from tests.e2e.conftest import ROOT, Project, child_of, script, steps_trained, two_machines
 from tests.e2e.test_resume import attempts
 
 # the scripts import keras on the torch backend; this process need not import it at all
@@ -108,12 +108,7 @@ def test_a_vanished_machine_resumes_on_a_new_one_to_identical_weights(
         tmp_path, project: Project) -> None:
     # checkpoints every 10 steps and at each epoch's end to a shared folder standing in for a
     # bucket; the second machine has an empty disk and home
-    bucket = tmp_path / "bucket"
-    old, new = (Project(tmp_path / name) for name in ("old", "new"))
-    for machine in (old, new):
-        machine.path.mkdir()
-        (machine.path / "prudent.yaml").write_text(
-            f"checkpoint: {{url: '{bucket}', every: 10steps}}\n")
+    old, new = two_machines(tmp_path, "every: 10steps")
     reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.npz",
                                 "--set", "dropout=0.3", "--", sys.executable, TRAIN, timeout=240)
     assert reference.returncode == 0, reference.stderr
@@ -125,7 +120,7 @@ def test_a_vanished_machine_resumes_on_a_new_one_to_identical_weights(
     again = new.prudent("run", "--run-id", "spot", "--set", "dropout=0.3", "--",
                         sys.executable, TRAIN, timeout=240)
     assert again.returncode == 0, again.stderr
-    steps = [int(line.split()[1]) for line in (new.path / "steps.log").read_text().splitlines()]
+    steps = steps_trained(new)
     assert steps == list(range(34, STEPS + 1))  # from step 33's checkpoint: 34 and 35 again
     ref, final = np.load(project.path / "ref.npz"), np.load(new.path / "final.npz")
     for key in ref.files:

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from tests.e2e.conftest import ROOT, Project, child_of, script
+from tests.e2e.conftest import ROOT, Project, child_of, script, steps_trained, two_machines
 from tests.e2e.test_resume import assert_identical, attempts
 
 pytest.importorskip("transformers")
@@ -93,12 +93,7 @@ def test_a_vanished_machine_resumes_on_a_new_one_from_prudents_newest_checkpoint
     # save_strategy="no" (the script's): the Trainer writes no folder of its own, so only
     # prudent's periodic checkpoints (every 5 steps, to a shared folder standing in for a
     # bucket) survive the machine; the new machine has an empty disk and home
-    bucket = tmp_path / "bucket"
-    old, new = (Project(tmp_path / name) for name in ("old", "new"))
-    for machine in (old, new):
-        machine.path.mkdir()
-        (machine.path / "prudent.yaml").write_text(
-            f"checkpoint: {{url: '{bucket}', every: 5steps}}\n")
+    old, new = two_machines(tmp_path, "every: 5steps")
     reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--",
                                 sys.executable, TRAIN, timeout=240)
     assert reference.returncode == 0, reference.stderr
@@ -109,7 +104,7 @@ def test_a_vanished_machine_resumes_on_a_new_one_from_prudents_newest_checkpoint
     again = new.prudent("run", "--run-id", "spot", "--", sys.executable, TRAIN, timeout=240)
     assert again.returncode == 0, again.stderr
     assert f"DONE {STEPS}" in again.stdout
-    steps = [int(line.split()[1]) for line in (new.path / "steps.log").read_text().splitlines()]
+    steps = steps_trained(new)
     assert steps == list(range(14, STEPS + 1))  # from step 13's checkpoint: 14 and 15 again
     assert_identical(torch.load(project.path / "ref.pt", weights_only=True),
                      torch.load(new.path / "final.pt", weights_only=True))

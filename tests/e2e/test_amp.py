@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, script, steps_trained, two_machines
 
 TRAIN = [sys.executable, script("amp_train.py")]
 
@@ -30,12 +30,7 @@ def test_overflowing_steps_are_skipped_by_the_scaler_and_the_run_completes(
 
 def test_a_vanished_machine_resumes_with_the_scalers_state_to_identical_weights(
         tmp_path: Path, project: Project) -> None:
-    bucket = tmp_path / "bucket"
-    old, new = (Project(tmp_path / name) for name in ("old", "new"))
-    for machine in (old, new):
-        machine.path.mkdir()
-        (machine.path / "prudent.yaml").write_text(
-            f"checkpoint: {{url: '{bucket}', every: 25steps}}\n")
+    old, new = two_machines(tmp_path, "every: 25steps")
     overflows = ["--set", "overflow_at=[30, 140]"]  # one before the checkpoint, one after
     reference = project.prudent("run", "--run-id", "ref", *overflows, "--set", "out=ref.pt",
                                 "--", *TRAIN, timeout=240)
@@ -45,7 +40,7 @@ def test_a_vanished_machine_resumes_with_the_scalers_state_to_identical_weights(
     assert cut.returncode == 128 + signal.SIGKILL, cut.stderr
     again = new.prudent("run", "--run-id", "spot", *overflows, "--", *TRAIN, timeout=240)
     assert again.returncode == 0, again.stderr
-    steps = [int(line.split()[1]) for line in (new.path / "steps.log").read_text().splitlines()]
+    steps = steps_trained(new)
     assert steps[0] in (101, 76) and steps[-1] == 200  # from the newest checkpoint that landed
     final = torch.load(new.path / "final.pt", weights_only=True)
     expected = torch.load(project.path / "ref.pt", weights_only=True)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.e2e.conftest import Project, child_of, script
+from tests.e2e.conftest import Project, child_of, script, steps_trained, two_machines
 
 NANOGPT = script("nanogpt.py")
 # enqueued so that the order is known: the best first, then three the pruner should stop
@@ -127,12 +127,7 @@ def test_an_iteration_loop_whose_updates_are_skipped_survives_a_vanished_machine
     """run.steps, 2 micro-steps, AdamW, its own generator, and loss_spike skipping a few
     updates: SIGKILL on one machine, the same command on a second with an empty disk and
     home; the skips and the final weights are those of a run never interrupted."""
-    bucket = tmp_path / "bucket"
-    old, new = (Project(tmp_path / name) for name in ("old", "new"))
-    for machine in (old, new):
-        machine.path.mkdir()
-        (machine.path / "prudent.yaml").write_text(
-            f"checkpoint: {{url: '{bucket}', every: 50steps}}\n")
+    old, new = two_machines(tmp_path, "every: 50steps")
     train = [sys.executable, script("bigram_skips.py")]
     reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--", *train,
                                 timeout=240)
@@ -144,7 +139,7 @@ def test_an_iteration_loop_whose_updates_are_skipped_survives_a_vanished_machine
     assert cut.returncode == 128 + signal.SIGKILL, cut.stderr
     again = new.prudent("run", "--run-id", "spot", "--", *train, timeout=240)
     assert again.returncode == 0, again.stderr
-    steps = [int(line.split()[1]) for line in (new.path / "steps.log").read_text().splitlines()]
+    steps = steps_trained(new)
     assert steps[0] in (501, 451) and steps[-1] == 600  # from the newest checkpoint that landed
     final = torch.load(new.path / "final.pt", weights_only=True)
     expected = torch.load(project.path / "ref.pt", weights_only=True)
