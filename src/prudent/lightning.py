@@ -18,7 +18,6 @@ checkpoint (``trainer.save_checkpoint``) rides inside prudent's checkpoints, and
 
 from __future__ import annotations
 
-import io
 import signal
 import sys
 import threading
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 
 from prudent.adapters.core import AdapterRun
+from prudent.adapters.files import torch_bytes
 from prudent.adapters.loader import ResumableLoader, loader_length
 from prudent.optimizer_step import replace_next_step
 from prudent.stop import ExitCode
@@ -395,9 +395,7 @@ class _BytesCheckpointIO(_pl.plugins.TorchCheckpointIO):  # type: ignore[misc]
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
                         storage_options: Any = None) -> None:
-        buffer = io.BytesIO()
-        torch.save(checkpoint, buffer)
-        self.data = buffer.getvalue()
+        self.data = torch_bytes(checkpoint)
 
 
 def _returned_loss(outputs: Any) -> Any:

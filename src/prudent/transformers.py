@@ -40,7 +40,6 @@ position from ``global_step``: it would train k batches again.
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import math
 import random
@@ -52,6 +51,7 @@ from typing import Any
 import torch
 
 from prudent.adapters.core import AdapterRun
+from prudent.adapters.files import folder_files, torch_bytes
 from prudent.optimizer_step import put_back_step, replace_next_step
 from prudent.stop import StopKind
 
@@ -197,17 +197,15 @@ class PrudentCallback(TrainerCallback):
         written = self._written
         if written is not None and self._written_step == self.adapter.ctx.state.step and (
                 written.is_dir()):
-            return written.name, {f"{written.name}/{p.relative_to(written).as_posix()}":
-                                  p.read_bytes() for p in sorted(written.rglob("*"))
-                                  if p.is_file()}
+            return written.name, folder_files(written, f"{written.name}/")
         files = _live_files(self._model, self._optimizer, self._scheduler)
         scaler = getattr(self._wrapper, "scaler", None)
         if scaler is not None:
-            files[f"{LIVE}/{SCALER}"] = _saved(scaler.state_dict())
+            files[f"{LIVE}/{SCALER}"] = torch_bytes(scaler.state_dict())
         args = self._args
         rng_file = ("rng_state.pth" if args is None or args.world_size <= 1
                     else f"rng_state_{args.process_index}.pth")
-        files[f"{LIVE}/{rng_file}"] = _saved(_rng_states(args))
+        files[f"{LIVE}/{rng_file}"] = torch_bytes(_rng_states(args))
         if self._trainer_state is not None:
             files[f"{LIVE}/{TRAINER_STATE}"] = _trainer_state_json(
                 self._trainer_state, self._trainer, self._control).encode()
@@ -464,12 +462,6 @@ def _rng_states(args: Any) -> dict[str, Any]:
     return states
 
 
-def _saved(obj: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
-
-
 def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
     """The model's, optimizer's and LR scheduler's state under the names of a Trainer
     checkpoint's files (copies: the writer thread writes them while training goes on)."""
@@ -486,7 +478,7 @@ def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
     files = {f"{LIVE}/{WEIGHTS}": save(tensors, metadata={"format": "pt"})}
     for name, obj in ((OPTIMIZER, optimizer), (SCHEDULER, scheduler)):
         if obj is not None:
-            files[f"{LIVE}/{name}"] = _saved(obj.state_dict())
+            files[f"{LIVE}/{name}"] = torch_bytes(obj.state_dict())
     return files
 
 

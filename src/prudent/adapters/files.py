@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FrameworkCheckpoint"]
+__all__ = ["FrameworkCheckpoint", "folder_files", "torch_bytes"]
 
 # writes into a folder, returns the file or folder to resume from (None: nothing new to carry)
 Writer = Callable[[Path], "Path | None"]
@@ -71,8 +71,7 @@ class FrameworkCheckpoint:
             entry = self._write(scratch)
             if entry is None:
                 return dict(self._state)
-            files = {p.relative_to(scratch).as_posix(): p.read_bytes()
-                     for p in sorted(scratch.rglob("*")) if p.is_file()}
+            files = folder_files(scratch)
             return {"entry": entry.relative_to(scratch).as_posix(), "files": _as_tensors(files)}
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -92,6 +91,23 @@ class FrameworkCheckpoint:
         self.restored = target / state["entry"]
         if self._load_live is not None:
             self._load_live(self.restored)
+
+
+def folder_files(folder: Path, prefix: str = "") -> dict[str, bytes]:
+    """Every file under ``folder`` as ``{prefix + relative path: bytes}``, in path order."""
+    return {prefix + p.relative_to(folder).as_posix(): p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def torch_bytes(obj: Any) -> bytes:
+    """``torch.save(obj)`` into memory: a framework's file made without the disk."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
 
 
 def _as_tensors(files: dict[str, bytes]) -> dict[str, Any]:
