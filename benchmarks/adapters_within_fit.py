@@ -107,6 +107,12 @@ def one_fit(steps: int, block: int, hidden: int, pause: list[str], clock: Any,
 
     callback = PrudentCallback(name="bench-within-fit", config={}, exit_on_stop=False)
     context = callback.adapter.ctx
+    names = [c.name for c in context.components]
+    unknown = [name for name in pause if name != "all" and name not in names]
+    if unknown:
+        context.finish("completed")
+        raise SystemExit(f"--pause {' '.join(unknown)}: no such component in a default run; "
+                         f"name any of {', '.join(names)}, or all")
     if pause:
         context.pause([c for c in context.components if "all" in pause or c.name in pause])
     switch = BlockSwitch(callback, block, clock, start_on)

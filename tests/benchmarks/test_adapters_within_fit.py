@@ -55,3 +55,9 @@ def test_the_off_blocks_steps_never_reach_prudent_and_each_arm_is_timed_apart(
     assert all(0 < t < took for t in times[True] + times[False])
     for name in within.PER_STEP_HOOKS:  # the callback left as Lightning found it
         assert callable(getattr(built[0], name))
+
+
+def test_a_mistyped_component_to_pause_is_refused_with_the_names_there_are(home: Path) -> None:
+    with pytest.raises(SystemExit, match=r"--pause monitr: no such component .* monitor, .*"):
+        within.one_fit(steps=10, block=5, hidden=16, pause=["monitr"], clock=time.perf_counter,
+                       start_on=True)
