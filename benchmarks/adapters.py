@@ -233,9 +233,22 @@ TRANSFORMERS_HOOKS = ("on_epoch_begin", "on_epoch_end", "on_step_begin",
 HIDDEN = {"lightning": 64}  # the digits MLP's width (--hidden): a longer step, a smaller share
 
 
+def digits_batches(steps: int) -> Any:
+    """One epoch of ``steps`` shuffled batches of 32 from the digits (repeated as needed): the
+    Lightning fits' data here and in ``adapters_within_fit.py``."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from lightning_digits import digits_loaders
+
+    data = digits_loaders(32)[0].dataset
+    repeat = -(-steps * 32 // len(data))
+    x, y = (torch.cat([t] * repeat)[:steps * 32] for t in data.tensors)
+    return DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
+
+
 def _lightning_fit(with_prudent: bool, steps: int, clock: Any) -> list[float]:
     import lightning as L
-    from torch.utils.data import DataLoader, TensorDataset
 
     sys.path.insert(0, str(ROOT / "examples"))
     from lightning_digits import LitDigits, digits_loaders
@@ -258,13 +271,9 @@ def _lightning_fit(with_prudent: bool, steps: int, clock: Any) -> list[float]:
         callbacks.append(_timed(PrudentCallback(name="bench-lightning", config={},
                                                 exit_on_stop=False), LIGHTNING_HOOKS, clock))
     L.seed_everything(0, verbose=False)
-    train, _ = digits_loaders(32)
     if EPOCH_STEPS[0] is None or EPOCH_STEPS[0] >= steps:  # one epoch of `steps` batches
-        data = train.dataset
-        repeat = -(-steps * 32 // len(data))
-        x, y = (torch.cat([t] * repeat)[:steps * 32] for t in data.tensors)
-        train = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)
-    elif EPOCH_STEPS[0] != len(train):
+        train = digits_batches(steps)
+    elif EPOCH_STEPS[0] != len(train := digits_loaders(32)[0]):
         raise SystemExit(f"--epoch-steps {EPOCH_STEPS[0]}: the digits make epochs of "
                          f"{len(train)} steps; pass that or at least --steps")
     trainer = L.Trainer(max_steps=steps, callbacks=callbacks, accelerator="cpu", logger=False,

@@ -46,7 +46,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "examples"))
-from interleaved_ab import _bootstrap_ci  # noqa: E402 - the same interval as the kernel's A/B
+from adapters import digits_batches  # noqa: E402 - the same data as the between-fit benchmark
+from interleaved_ab import MonitorClock, _bootstrap_ci  # noqa: E402 - as the kernel's A/B
 
 RESULTS = ROOT / "benchmarks" / "results" / "adapters_within_fit.json"
 PER_STEP_HOOKS = ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step",
@@ -66,11 +67,8 @@ class BlockSwitch:
         self.real = {name: getattr(prudent_callback, name) for name in PER_STEP_HOOKS}
         self.times: dict[bool, list[float]] = {True: [], False: []}
         context = prudent_callback.adapter.ctx
-        self.monitor = next((c for c in context.components if isinstance(c, Monitor)), None)
-        self.paused_s, self._off_since = 0.0, None
-        if self.monitor is not None:  # its step times and overhead budget: on-steps only
-            self.monitor.stats.clock = lambda: time.perf_counter() - self.paused_s
-            self.monitor.stats._window_start = self.monitor.stats.clock()
+        monitor = next((c for c in context.components if isinstance(c, Monitor)), None)
+        self.monitor_clock = MonitorClock(monitor) if monitor is not None else None
         self.on, self._steps, self._last = True, 0, None
         self.set(start_on)
 
@@ -78,13 +76,8 @@ class BlockSwitch:
         self.on = on
         for name, hook in self.real.items():
             setattr(self.callback, name, hook if on else None)
-        if on and self._off_since is not None:
-            self.paused_s += time.perf_counter() - self._off_since
-            self._off_since = None
-        elif not on:
-            self._off_since = time.perf_counter()
-            if self.monitor is not None:
-                self.monitor.stats.activations.disarm()  # no forward hooks in the off arm
+        if self.monitor_clock is not None:
+            self.monitor_clock.set(on)
 
     def step_ended(self) -> None:
         now = self.clock()
@@ -100,8 +93,7 @@ def one_fit(steps: int, block: int, hidden: int, pause: list[str], clock: Any,
             start_on: bool) -> dict[bool, list[float]]:
     """One fit of ``2 * steps`` digits batches (one epoch), the callback on for half of them."""
     import lightning as L
-    from lightning_digits import LitDigits, digits_loaders
-    from torch.utils.data import DataLoader, TensorDataset
+    from lightning_digits import LitDigits
 
     from prudent.lightning import PrudentCallback
 
@@ -123,15 +115,12 @@ def one_fit(steps: int, block: int, hidden: int, pause: list[str], clock: Any,
 
     L.seed_everything(0, verbose=False)
     total = 2 * steps
-    data = digits_loaders(32)[0].dataset
-    repeat = -(-total * 32 // len(data))
-    x, y = (torch.cat([t] * repeat)[:total * 32] for t in data.tensors)
+    train = digits_batches(total)
     trainer = L.Trainer(max_steps=total, callbacks=[callback, Steps()], accelerator="cpu",
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0)
     gc.collect()
-    trainer.fit(LitDigits(lr=0.05, hidden=hidden),
-                DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True))
+    trainer.fit(LitDigits(lr=0.05, hidden=hidden), train)
     switch.set(True)  # the run's end as the callback expects it
     return switch.times
 

@@ -92,6 +92,19 @@ class _Switch:
             if not self.switched:
                 raise SystemExit(f"--which {which}: no such component in a default run; one of "
                                  f"{', '.join(sorted(type(c).__name__ for c in components))}")
+        self.monitor_clock = MonitorClock(monitor)
+
+    def set(self, on: bool) -> None:
+        self.context.pause(self.switched, paused=not on)
+        self.monitor_clock.set(on)
+
+
+class MonitorClock:
+    """The monitor's clock, stopped while its steps are switched off: its step times and
+    overhead budget see only the steps it watched, as in a run of its own. Switching off also
+    takes off the activation hooks armed for a sample (they must not slow the off arm)."""
+
+    def __init__(self, monitor: Monitor) -> None:
         self.stats = monitor.stats
         self.paused_s = 0.0
         self._off_since: float | None = None
@@ -99,13 +112,12 @@ class _Switch:
         self.stats._window_start = self.stats.clock()
 
     def set(self, on: bool) -> None:
-        self.context.pause(self.switched, paused=not on)
         if on and self._off_since is not None:
             self.paused_s += clock() - self._off_since
             self._off_since = None
         elif not on and self._off_since is None:
             self._off_since = clock()
-            self.stats.activations.disarm()  # hooks armed for a sample must not outlive "on"
+            self.stats.activations.disarm()
 
 
 def one_run(make_parts: Any, block: int, start_on: bool, which: str = "monitor",
