@@ -77,7 +77,16 @@ def _bad_input(exc: ConfigError, exit_on_stop: bool) -> Run:
     if not exit_on_stop:
         raise exc
     print(f"prudent: error: {exc}", file=sys.stderr)
+    wait_for_main_rank()
     raise SystemExit(int(ExitCode.BAD_INPUT)) from None
+
+
+def wait_for_main_rank(seconds: float = 5.0) -> None:
+    """Under torchrun, a rank other than 0 that refuses the run gives rank 0 (which refuses
+    too, as a rule) time to write the record first: the first worker to exit makes torchrun
+    end the others, and the record is what tells ``prudent run`` the job's exit code."""
+    if ranks_from_env().rank > 0:
+        time.sleep(seconds)
 
 
 def new_run_id(name: str) -> str:
@@ -85,13 +94,20 @@ def new_run_id(name: str) -> str:
     return f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
-def _shared_run_id(name: str | None, ranks: Ranks) -> str:
-    """Under torchrun every rank must name the same run: use the rendezvous id."""
-    elastic_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if ranks.is_distributed and elastic_id and elastic_id != "none":
-        slug = re.sub(r"[^A-Za-z0-9]+", "-", name or _script_name()).strip("-").lower()[:40]
-        return f"{slug or 'run'}-{elastic_id}"[:128]
-    return new_run_id(name or _script_name())
+def _shared_run_id(name: str | None, ranks: Ranks,
+                   environ: Mapping[str, str] | None = None) -> str:
+    """Every rank on every node must name the same run, without a flag (each node inventing
+    its own id leaves phantom runs): the job's id from its launcher, most specific first:
+    torchrun's rendezvous id (``--rdzv-id``; "none" when not given), SLURM's job id (the same
+    on every node and across a requeue), SkyPilot's task id (the same on every node and
+    across a recovery). Characters a run id cannot hold become '-'."""
+    env = os.environ if environ is None else environ
+    ids = [env.get(var, "") for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SKYPILOT_TASK_ID")]
+    job_id = next((i for i in ids if i and i != "none"), None)
+    if not ranks.is_distributed or job_id is None:
+        return new_run_id(name or _script_name())
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name or _script_name()).strip("-").lower()[:40]
+    return f"{slug or 'run'}-{re.sub(r'[^A-Za-z0-9._-]+', '-', job_id)}"[:128]
 
 
 def _register(store: Store, run_id: str, name: str, config: dict[str, Any],

@@ -8,7 +8,9 @@ it. If the child dies without closing its record (SIGKILL, OOM, a crash before
 with "running"; a child ended by the preemption notice the supervisor passed on, before its
 script could handle it, is a preempted run (exit 75), as if it had stopped itself. A child
 refused before it started (exit code 2 before ``prudent.init`` recorded anything: a mistyped
-``--set`` key) leaves no run at all.
+``--set`` key) leaves no run at all. A launcher that flattens every worker's code to 1
+(torchrun) does not hide how the job ended: when this attempt's record says the run stopped
+(preempted, a rule, a budget ...), ``prudent run`` exits with the record's code, not with 1.
 """
 
 from __future__ import annotations
@@ -89,7 +91,9 @@ class Supervisor:
                 store.delete_run(self.run_id)  # nothing ran: no run to list
                 return code
             self._close_record(store, code)
-            if not self._should_relaunch(code, attempt, store.get_run(self.run_id)):
+            record = store.get_run(self.run_id)  # this attempt's: running at each launch
+            code = _job_code(code, record)
+            if not self._should_relaunch(code, attempt, record):
                 return code if code >= 0 else 128 - code
             attempt += 1
             self._wait_before_relaunch(store, code, attempt)
@@ -198,6 +202,28 @@ class Supervisor:
         except StoreError as exc:  # the exit code still says how the run ended
             print(f"prudent: warning: run {self.run_id} exited with code {code} but the store "
                   f"could not record it: {exc}", file=sys.stderr)
+
+
+def _job_code(code: int, record: dict[str, Any] | None) -> int:
+    """The job's exit code: the child's, unless a launcher flattened the record's stop to 1.
+
+    torchrun (and the elastic agent under it) exits 1 whenever a worker exits non-zero, and
+    also after passing on a SIGTERM, so a preempted job (75), a rule's stop (3), a budget (4)
+    and the rest all read as crashes to SkyPilot's ``recover_on_exit_codes`` or a Kubernetes
+    ``podFailurePolicy``. Rank 0 wrote the job's outcome in the record; when the child exited
+    1 and the record says the run *stopped* with a non-zero code, or was refused as bad
+    input (2: ranks that resumed from different checkpoints), that code is the job's.
+    A record that says ``failed`` (a real crash) or ``completed`` (training ended, then
+    something crashed: the process's 1 is the truth) leaves the code as it is, and so does
+    any other code: a plain ``python train.py`` already exits with its own. The record is
+    this attempt's own: it is set back to ``running`` before every launch (``_register``,
+    ``count_restart``), so an ended one was ended by this attempt.
+    """
+    if code != ExitCode.ERROR or record is None:
+        return code
+    if record["status"] == "stopped" or record["exit_code"] == ExitCode.BAD_INPUT:
+        return int(record["exit_code"] or code)  # a refusal (exit 2) is no crash either
+    return code
 
 
 def _verdict(code: int) -> tuple[str, str | None, str]:

@@ -1,7 +1,8 @@
 """CostMeter: the component that knows what the run has cost so far, and stops it in budget.
 
 Dollars = wall time x price per node-hour (spot price on spot) x nodes, summed over every
-attempt of the run id: a crashed or preempted attempt was billed too, so a relaunch adds to
+attempt of the run id (nodes: ``cost.nodes`` when set, else torchrun's count, see
+:mod:`prudent.cost.shape`): a crashed or preempted attempt was billed too, so a relaunch adds to
 the stored ``cost_usd`` instead of starting again at zero. On a new machine the attempts of
 the others come with the run's record (``prudent.record``), imported before this meter starts,
 so budgets and policy limits count every machine's spend. The training thread only reads the
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -33,6 +35,7 @@ from prudent.cost.policy import (
     project_spend,
 )
 from prudent.cost.settings import CostSettings, PolicySettings
+from prudent.cost.shape import with_torchrun
 from prudent.events import Component, Event, EventKind
 from prudent.record.attempt import attempt_id, host_name
 from prudent.stop import StopKind, StopReason
@@ -53,12 +56,19 @@ class CostMeter(Component):
     main_rank_only = True  # rank 0 meters all nodes; the stop reaches every rank
 
     def __init__(self, settings: CostSettings | None = None, *, quiet: bool = False,
-                 clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None,
+                 environ: Mapping[str, str] | None = None,
+                 on_gpu: Callable[[], bool] | None = None) -> None:
+        """``environ`` (default ``os.environ``) holds torchrun's job size; ``on_gpu`` says
+        whether the job runs on GPUs (default: whether this process can use CUDA)."""
         self.settings = settings or CostSettings()
         self.quiet = quiet
         self.clock = clock
         self.stream = stream or sys.stderr
+        self.environ = os.environ if environ is None else environ
+        self.on_gpu = on_gpu or _can_use_cuda
         self.job = Job()
+        self.shape: dict[str, Any] = {}  # what torchrun told: nodes, processes
         self.limits: list[Limit] = []
         self.prior_usd = 0.0
         self.prior_s = 0.0
@@ -90,6 +100,7 @@ class CostMeter(Component):
         if detected:
             run.record_event(EventKind.COST, "detect", detected)
         self.job = job_from_settings(self.settings, catalog)  # unknown instance: ConfigError
+        self.job, self.shape = with_torchrun(self.job, self.settings, self.environ, self.on_gpu)
         from prudent.cost.freshness import pricing
         policy = load_policy(run.settings)
         self._arm(run, policy)
@@ -206,13 +217,14 @@ class CostMeter(Component):
                 "nodes": self.job.nodes, "gpus": self.job.num_gpus,
                 "hourly_usd": self.hourly_usd,
                 "on_demand_hourly_usd": replace(self.job, spot=False).hourly_usd,
-                "prices_as_of": instance.prices_as_of if instance else None}
+                "prices_as_of": instance.prices_as_of if instance else None, **self.shape}
 
     def _price_text(self) -> str:
+        shape = f"; {self.shape['shape']}" if self.shape else ""
         if self.job.instance is None and self.job.node_hourly_usd is None:
-            return "no instance given (cost.instance, --instance): metered at $0"
+            return f"no instance given (cost.instance, --instance): metered at $0{shape}"
         prior = f", ${self.prior_usd:.2f} spent before" if self.prior_usd else ""
-        return f"metered at {self.job.describe()}{prior}"
+        return f"metered at {self.job.describe()}{prior}{shape}"
 
     def _first_limit_text(self) -> str:
         if not self.limits or math.isinf(self.limits[0].seconds_left):
@@ -250,6 +262,13 @@ class CostMeter(Component):
                 failures += 1
                 if failures == 1:
                     log.warning("prudent could not store the run's cost (%s); training goes on", exc)
+
+
+def _can_use_cuda() -> bool:
+    """Whether this process can use a GPU; asked of torch only when the script imported it
+    (the meter never imports torch itself)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_available())
 
 
 def _progress(run: RunContext) -> dict[str, int | None]:

@@ -106,8 +106,8 @@ def _max_gpus(policy: PolicySettings, job: Job, spend: Spend,
     if limit is None or job.num_gpus <= limit:
         return None
     return Violation("max_gpus_per_job", f"{job.num_gpus} GPUs exceed policy "
-                     f"max_gpus_per_job={limit}: use at most {limit} GPUs (fewer nodes or a "
-                     "smaller instance type)")
+                     f"max_gpus_per_job={limit}: use at most {limit} GPUs (fewer nodes, fewer "
+                     "processes per node or a smaller instance type)")
 
 
 def _max_hours(policy: PolicySettings, job: Job, spend: Spend,

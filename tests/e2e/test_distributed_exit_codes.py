@@ -1,0 +1,66 @@
+"""`prudent run -- torchrun ...` exits with prudent's code for the job, not torchrun's 1: a
+SIGTERM (the platform taking the machines) gives 75, a NaN on one rank gives 3."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Project, script
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            script("ddp_exit_codes.py"), *args]
+
+
+@pytest.fixture
+def ddp(project: Project) -> Project:
+    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "1000steps", "PRUDENT_CONSOLE": "off"})
+    return project
+
+
+def last_steps(project: Project) -> list[int]:
+    """The last step each rank completed, from the rank<r>.log files the script writes."""
+    return [int((project.path / f"rank{r}.log").read_text().split()[-1]) for r in (0, 1)]
+
+
+def wait_for_steps(path: Path, supervisor: subprocess.Popen[str], steps: int) -> None:
+    deadline = time.monotonic() + 120
+    while not (path.exists() and len(path.read_text().split()) >= steps):
+        assert supervisor.poll() is None, supervisor.communicate()[1]
+        assert time.monotonic() < deadline, "training under torchrun did not start"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_sigterm_to_prudent_run_over_torchrun_exits_75_preempted(ddp: Project) -> None:
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "prudent", "run", "--run-id", "ddp", "--set", "step_s=0.05", "--",
+         *torchrun()], cwd=ddp.path, env=ddp.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    wait_for_steps(ddp.path / "rank0.log", supervisor, 5)
+    supervisor.send_signal(signal.SIGTERM)
+    _, stderr = supervisor.communicate(timeout=120)
+    assert supervisor.returncode == 75, stderr
+    shown = ddp.show("ddp")
+    assert (shown["status"], shown["stop_reason"], shown["exit_code"]) == ("stopped", "preempted", 75)
+    rank0, rank1 = last_steps(ddp)
+    assert rank0 == rank1 < 150  # both ranks stopped together, long before the end
+
+
+@pytest.mark.slow
+def test_nan_on_one_rank_stops_every_rank_and_prudent_run_exits_3(ddp: Project) -> None:
+    result = ddp.prudent("run", "--run-id", "nan", "--set", "nan_rank1_at=7", "--", *torchrun(),
+                         timeout=300)
+    assert result.returncode == 3, result.stderr
+    shown = ddp.show("nan")
+    assert (shown["status"], shown["stop_reason"], shown["exit_code"]) == \
+        ("stopped", "rule:non_finite", 3)
+    rank0, rank1 = last_steps(ddp)
+    assert rank0 == rank1 < 150
