@@ -96,4 +96,7 @@ def default_components(settings: ProjectSettings, spec: LaunchSpec | None = None
     ranks = ranks_from_env()
     built = [factory(settings, spec) for factory in DEFAULT_COMPONENTS]
     chosen = [c for c in built if c is not None and (ranks.is_main or not c.main_rank_only)]
-    return [StopCoordinator(ranks), *chosen] if ranks.is_distributed else chosen
+    if not ranks.is_distributed:
+        return chosen
+    coordinator = StopCoordinator(ranks)  # first on step_end: reads what the ranks agreed
+    return [coordinator, *chosen, coordinator.poster]  # last: posts this step's flags

@@ -60,7 +60,10 @@ class RunContext:
         self.writer: StoreWriter | NullWriter = writer or (
             StoreWriter(store) if store is not None else NullWriter())
         self.exit_on_stop = exit_on_stop
-        self.state = RunState()
+        # the number of ranks now (torchrun's WORLD_SIZE); state.world_size is the one the
+        # counters were kept on, which a checkpoint from another world brings back
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.state = RunState(world_size=self.world_size)
         self.objects: dict[str, Any] = {}
         self.started_at = time.time()
         self.status = "running"
@@ -75,6 +78,11 @@ class RunContext:
         self.gauges: dict[str, float] = {}  # live values a component publishes (cost_usd)
         self.stop_deadline: float | None = None  # time.time() by which a stop must be done
         self.defer_stops = False  # True while ranks must first agree (see distributed.py)
+        # under torchrun: prudent's own group over the ranks (a RankGroup, set by the stop
+        # coordinator), the save every rank takes at this step's end, and rank 0's wish for one
+        self.rank_group: Any = None
+        self.save_agreed = False
+        self.save_proposed = False
         self.logged: dict[str, float] = {}  # the newest value of each run.log metric
         self.batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self.resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
@@ -529,6 +537,20 @@ class RunContext:
         self.finish("failed", StopReason(StopKind.ERROR, None, describe(exc)), describe(exc),
                     traceback=trimmed_traceback(exc))
 
+    def refuse(self, exc: ConfigError) -> None:
+        """Bad input found once the run had started (ranks that resumed from different
+        checkpoints, a data position that cannot be carried over): nothing more is trained,
+        the record says why, and the process exits 2 (``exit_on_stop=False``: raises)."""
+        self.refused = True
+        self.finish("failed", StopReason(StopKind.ERROR, None, f"bad input: {exc}"),
+                    f"bad input: {exc}")
+        if not self.exit_on_stop:
+            raise exc
+        print(f"prudent: error: {exc}", file=sys.stderr, flush=True)
+        if self.store is None and self.world_size > 1:  # rank 0 writes the record first
+            time.sleep(5.0)
+        raise SystemExit(int(ExitCode.BAD_INPUT))
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -537,7 +559,7 @@ class RunContext:
     def exit_code(self) -> int:
         """What the process should exit with, given how the run ended so far."""
         if self.status == "failed":
-            return int(ExitCode.ERROR)
+            return int(ExitCode.BAD_INPUT if self.refused else ExitCode.ERROR)
         return self.stop_reason.exit_code if self.stop_reason is not None else 0
 
     def _finish_at_exit(self) -> None:

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 __all__ = ["epoch_start_state", "loader_generator_states", "restore_loader_generators",
-           "resume_iterator"]
+           "resume_iterator", "shards_by_rank"]
 
 
 def epoch_start_state(loader: Iterable[Any]) -> dict[str, Any]:
@@ -56,6 +56,18 @@ def resume_iterator(loader: Iterable[Any], epoch_state: dict[str, Any], num_skip
         next(iterator, None)
     after_skip()
     return iterator
+
+
+def shards_by_rank(loader: Iterable[Any]) -> bool:
+    """The loader gives each rank an interleaved share of one order (a DistributedSampler):
+    the first ``n`` batches of every rank are then the order's first ``n x ranks`` batches,
+    whatever the number of ranks, so a position carries over to another world exactly."""
+    from torch.utils.data import DistributedSampler
+
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    return isinstance(sampler, DistributedSampler) or isinstance(inner, DistributedSampler)
 
 
 def _generators(loader: Iterable[Any]) -> dict[str, torch.Generator]:

@@ -1,10 +1,14 @@
 """Running under ``torchrun``: one writer, every rank restored, all ranks stopping together.
 
-Rank 0 registers the run, writes metrics, events and checkpoints; the other ranks write
-nothing and restore from rank 0's checkpoint (their RNG included: exact when every rank seeds
-alike, which DDP scripts do). A stop requested on any rank (a signal, a rule, a budget) takes
-effect on every rank at the same step: each step the ranks agree through one tiny
-``all_reduce``, so no rank is left waiting in a collective for a peer that has gone.
+Rank 0 registers the run, writes metrics, events and checkpoint files; every rank takes part
+in a checkpoint (its own generators and data position travel in it, see
+``prudent.checkpoint.ranks``) and restores its own part. What must happen on every rank at
+the same step (a stop, a periodic save) is agreed without a barrier in the step: each step
+ends by *posting* a two-number ``all_reduce`` (stop wanted? save wanted?) on prudent's own
+gloo group, and the next step's end reads it (the reduction ran meanwhile, beside the
+user's compute). Every rank reads the same numbers at the same step, so every rank acts at
+that step; the price is one step of delay, never a device sync or a wait for the slowest rank
+inside prudent (a straggler still makes the others wait in the gradient all-reduce).
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from prudent.errors import ConfigError
 from prudent.events import Component
 from prudent.stop import StopReason
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
 
-__all__ = ["Ranks", "StopCoordinator", "ranks_from_env"]
+__all__ = ["AgreementPoster", "RankGroup", "Ranks", "StopCoordinator", "ranks_from_env"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class Ranks:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    num_nodes: int = 1
 
     @property
     def is_main(self) -> bool:
@@ -40,43 +46,136 @@ class Ranks:
 
 
 def ranks_from_env(environ: Mapping[str, str] | None = None) -> Ranks:
-    """The ranks torchrun (or SLURM via torchrun) sets in the environment."""
+    """The ranks torchrun (or SLURM via torchrun) sets in the environment; nodes are
+    torchrun's agents (``GROUP_WORLD_SIZE``)."""
     env = os.environ if environ is None else environ
     return Ranks(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)),
-                 int(env.get("LOCAL_RANK", 0)))
+                 int(env.get("LOCAL_RANK", 0)), int(env.get("GROUP_WORLD_SIZE", 1)))
+
+
+class RankGroup:
+    """prudent's own gloo group over every rank of the job.
+
+    Its collectives never share the training's process group (they would interleave with
+    DDP's buckets or an asynchronous checkpoint's) nor its device (a CUDA tensor read back is
+    a device sync). Created at its first use, which every rank reaches at the same point.
+    """
+
+    def __init__(self, ranks: Ranks) -> None:
+        self.ranks = ranks
+        self._group: Any = None
+
+    @property
+    def ready(self) -> bool:
+        """The script has initialised torch.distributed: collectives can run."""
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+
+    @property
+    def group(self) -> Any:
+        if self._group is None:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def post_flags(self, *flags: int) -> PendingFlags:
+        """Start a MAX all-reduce of ``flags``; read it later with ``PendingFlags.result()``."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(flags, dtype=torch.int32)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return PendingFlags(work, tensor)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is true on any (blocking: for rare moments)."""
+        return bool(self.post_flags(int(flag)).result()[0])
+
+    def from_main(self, value: bool) -> bool:
+        """Rank 0's ``value`` on every rank (blocking: for rare moments such as an epoch end)."""
+        return bool(self.post_flags(int(value) if self.ranks.is_main else 0).result()[0])
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.ranks.world_size
+        dist.all_gather_object(gathered, obj, group=self.group)
+        return gathered
+
+    def gather_to_main(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (in rank order); None on the other ranks."""
+        import torch.distributed as dist
+
+        gathered: list[Any] | None = [None] * self.ranks.world_size if self.ranks.is_main else None
+        dist.gather_object(obj, gathered, dst=0, group=self.group)
+        return gathered
+
+
+class PendingFlags:
+    """An all-reduce in flight: ``result()`` waits for it (done long ago, as a rule)."""
+
+    def __init__(self, work: Any, tensor: Any) -> None:
+        self._work, self._tensor = work, tensor
+
+    def result(self) -> list[int]:
+        self._work.wait()
+        return self._tensor.tolist()
 
 
 class StopCoordinator(Component):
-    """Turns one rank's stop request into every rank's stop, at the same step.
+    """Turns one rank's stop request (or rank 0's wish to checkpoint) into every rank's, at
+    the same step.
 
-    The run holds its own stop requests back (``run.defer_stops``) until this component has
-    heard from every rank; must be the first ``on_step_end`` handler, so that the checkpointer
-    sees the agreed stop.
+    The first ``on_step_end`` handler: it reads the flags the ranks posted as the previous
+    step ended (``AgreementPoster``, the last handler, posts them), so every component of this
+    step sees the agreed stop (``run.pending_stop``) and the agreed save (``run.save_agreed``).
+    The run holds its own stop requests back (``run.defer_stops``) until then. At the first
+    ``attach`` (or step) the ranks check they resumed from the same checkpoint step.
     """
 
     name = "distributed"
 
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
+        self.group = RankGroup(ranks)
+        self.poster = AgreementPoster(self)
+        self.pending: PendingFlags | None = None
         self._warned = False
+        self._checked_start = False
 
     def on_start(self, run: RunContext) -> None:
         run.defer_stops = True
+        run.rank_group = self.group
+
+    def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
+        if not self._checked_start and self.group.ready:
+            self._check_same_start(run)
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
-        import torch
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
+        run.save_agreed = False
+        if not self.group.ready:
             self._not_initialized(run)
             return
-        device = run.device if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([1 if run.stop_requested else 0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if not int(flag.item()):
+        if not self._checked_start:
+            self._check_same_start(run)
+        pending, self.pending = self.pending, None
+        if pending is None:
             return
-        requests: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(requests, run.pending_stop)
+        stop, save = pending.result()
+        run.save_agreed = bool(save)
+        if stop:
+            self._agree_on_stop(run)
+
+    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
+        run.defer_stops = False
+        pending, self.pending = self.pending, None
+        if pending is not None and status == "completed":  # every rank posted it: it completes
+            pending.result()
+
+    def _agree_on_stop(self, run: RunContext) -> None:
+        requests = self.group.all_gather(run.pending_stop)
         reason = next(r for r in requests if r is not None)
         origin = requests.index(reason)
         if origin != self.ranks.rank:
@@ -85,8 +184,23 @@ class StopCoordinator(Component):
         run.replace_stop(reason)
         run.defer_stops = False
 
-    def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
-        run.defer_stops = False
+    def _check_same_start(self, run: RunContext) -> None:
+        """Every rank resumed from the same checkpoint step (a node that could not see the
+        checkpoints starts from scratch while the others resume: DDP would then average the
+        gradients of two different models)."""
+        self._checked_start = True
+        checkpoints = run.checkpoints
+        mine = (run.state.step, getattr(checkpoints, "resumed_from", None))
+        starts = self.group.all_gather(mine)
+        if len(set(starts)) == 1:
+            return
+        listed = ", ".join(f"rank {r}: step {s} ({name or 'no checkpoint'})"
+                           for r, (s, name) in enumerate(starts))
+        run.refuse(ConfigError(
+            f"the ranks did not resume from the same checkpoint ({listed}): every node must "
+            "see the same checkpoint location. Point checkpoint.url (PRUDENT_CHECKPOINT_URL) "
+            "at storage every node shares (a shared file system, s3://...), or remove the "
+            "stray checkpoints"))
 
     def _not_initialized(self, run: RunContext) -> None:
         run.defer_stops = False  # nothing to agree with: behave as a single process
@@ -95,3 +209,21 @@ class StopCoordinator(Component):
             warnings.warn("prudent runs under torchrun but torch.distributed is not initialised "
                           "when training starts: ranks cannot stop together. Call "
                           "dist.init_process_group() before the training loop", stacklevel=2)
+
+
+class AgreementPoster(Component):
+    """The last ``on_step_end`` handler: posts this rank's flags (a stop requested during
+    the step, a save rank 0's checkpointer wants) for the next step's end to read."""
+
+    name = "distributed_post"
+
+    def __init__(self, coordinator: StopCoordinator) -> None:
+        self.coordinator = coordinator
+
+    def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
+        coordinator = self.coordinator
+        if not coordinator.group.ready or not run.defer_stops:
+            return  # single-process behaviour, or a stop agreed at this step: nothing follows
+        coordinator.pending = coordinator.group.post_flags(
+            run.pending_stop is not None, run.save_proposed)
+        run.save_proposed = False

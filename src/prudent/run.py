@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prudent.context import RunContext
-from prudent.errors import StopRun
+from prudent.errors import ConfigError, StopRun
 from prudent.events import Event
 from prudent.state import RunState
 from prudent.stop import StopKind, StopReason
@@ -153,6 +153,7 @@ class Run:
         """
         ctx, state = self.context, self.context.state
         state.num_steps = num_steps
+        state.world_size = ctx.world_size  # no data position to carry to another world
         self._positioned = True
         rng, ctx.resume_rng = ctx.resume_rng, None
         if rng is not None:
@@ -229,6 +230,8 @@ class Run:
         sampler = getattr(loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):  # DistributedSampler: never reset to epoch 0
             sampler.set_epoch(state.epoch)
+        if state.world_size != self.context.world_size:
+            self._continue_in_new_world(loader)
         rng, self.context.resume_rng = self.context.resume_rng, None
         if rng is None or not state.batches_in_epoch or state.epoch_rng is None:
             if rng is not None:
@@ -243,6 +246,22 @@ class Run:
             return iter(loader)
         return resume_iterator(loader, state.epoch_rng, state.batches_in_epoch,
                                after_skip=lambda: restore_rng(rng))
+
+    def _continue_in_new_world(self, loader: Iterable[Any]) -> None:
+        """A checkpoint from another number of ranks: the epoch's position was already
+        converted to this world's batches (``checkpoint.ranks``), which is exact only when
+        the ranks' batches are interleaved shares of one order (a DistributedSampler)."""
+        from prudent.data import shards_by_rank
+
+        ctx, state = self.context, self.context.state
+        if state.batches_in_epoch and not shards_by_rank(loader):
+            ctx.refuse(ConfigError(
+                f"the checkpoint was taken on {state.world_size} ranks mid-epoch and this run "
+                f"has {ctx.world_size}, but this {type(loader).__name__} does not shard its "
+                "data with a DistributedSampler: prudent cannot tell which samples the other "
+                "ranks already trained. Resume on the same number of ranks, use a "
+                "DistributedSampler, or resume from a checkpoint taken at an epoch's end"))
+        state.world_size = ctx.world_size
 
     def backward(self, loss: Any, *, last: bool | None = None) -> None:
         """``loss.backward()`` (scaled when a GradScaler is attached), the loss hooks before it
@@ -340,6 +359,8 @@ class Run:
             return True
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             ctx.finish("completed")
+            return False
+        if ctx.closed:  # the run already ended (refused: bad input found mid-way)
             return False
         ctx.fail(exc)  # a bundle before END: the state is as it failed
         return False

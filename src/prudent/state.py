@@ -17,6 +17,8 @@ class RunState:
     ``epoch_rng`` holds the generator states the epoch's shuffle order was drawn from;
     ``loader_rng`` the loader's own generators' states as the last epoch ended, until the next
     one starts (a checkpoint between epochs: the next order is drawn from them);
+    ``world_size`` is the number of ranks the counters were kept on (a checkpoint resumed on
+    another number carries the epoch's position over in batches x ranks);
     ``num_steps`` is the planned number of optimizer steps: the ``n`` of ``run.steps(n)``, or
     a framework adapter's plan (``max_steps``, or epochs x optimizer steps per epoch); None for
     an epoch loop of one's own, whose plan is ``num_epochs`` x ``batches_per_epoch``.
@@ -30,6 +32,7 @@ class RunState:
     num_steps: int | None = None
     epoch_rng: dict[str, Any] | None = None
     loader_rng: dict[str, Any] | None = None
+    world_size: int | None = None
 
     @property
     def planned_steps(self) -> int | None:

@@ -28,14 +28,15 @@ def test_stop_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(project
                              "0.1", "--set", "stop_rank1_at=11", "--", *torchrun(), timeout=300)
     assert result.returncode == 0, result.stderr
     rank0, rank1 = attempts(project.path / "rank0.log"), attempts(project.path / "rank1.log")
-    assert rank0[0][-1] == rank1[0][-1] == 11  # both ranks stopped after step 11
-    assert rank0[1][0] == rank1[1][0] == 12  # and both resumed at step 12
+    # asked during step 11, agreed as step 12 ends (no barrier in the step): both stop there
+    assert rank0[0][-1] == rank1[0][-1] == 12
+    assert rank0[1][0] == rank1[1][0] == 13  # and both resumed at step 13
     assert_identical(final_state(project.path / "ref.pt"), final_state(project.path / "final.pt"))
     shown = project.show("ddp")
     assert shown["restarts"] == 1 and shown["status"] == "completed"
     stops = [e for e in shown["events"] if e["name"] == "stop_requested"]
     assert stops and "(requested on rank 1)" in stops[0]["message"]
     saved = [e for e in shown["events"] if e["name"] == "saved"]
-    assert [e["step"] for e in saved][:1] == [11]
+    assert [e["step"] for e in saved][:1] == [12]
     checkpoints = project.path / ".prudent" / "runs" / "ddp" / "checkpoints"
     assert len(list(checkpoints.glob("ckpt-*"))) >= 1

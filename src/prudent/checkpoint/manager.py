@@ -5,6 +5,12 @@ optimizers, schedulers, GradScalers, any stateful object), the run's counters an
 position, the RNG states, and every component's state. It is restored when the run starts
 (counters), when each object is attached (its state), and when training resumes (RNG and
 data position, see ``prudent.data``).
+
+Under torchrun every rank takes part in each save, at the same step: rank 0's schedule
+proposes a periodic save, the ranks agree on it at the next step (``prudent.distributed``),
+and each rank hands its own generators and epoch position to rank 0, which writes the files
+(``prudent.checkpoint.ranks``). Epoch-end saves follow rank 0's decision; stop saves follow
+the agreed stop.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.checkpoint.objects import check_saveable, restore_object, state_of
+from prudent.checkpoint.ranks import check_world_change, rank_state, restore_rank_state, world_of
 from prudent.checkpoint.schedule import SaveSchedule
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.checkpoint.storage import (
@@ -53,15 +60,18 @@ class Checkpointer(Component):
         self._last_position: tuple[int, int, int] | None = None
         self._sync_save_s: float | None = None
         self._writing = False  # a background write was started and its result not yet read
+        self._proposed = False  # rank 0 asked the ranks for a save, not yet agreed
         self._held = False  # a save was due on an epoch's last step: taken at the epoch's end
         self._pace = StepPace()  # the step time between the handler's sparse calls
         self.read_only = False  # torchrun ranks other than 0 restore but never write
+        self.ranks = ranks_from_env()
         self.pinned: dict[str, str] = {}  # label -> checkpoint kept whatever `keep` says
 
     # resume -------------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
         run.checkpoints = self  # rollback and early stopping's best weights ask us
-        self.read_only = not ranks_from_env().is_main
+        self.ranks = ranks_from_env()
+        self.read_only = not self.ranks.is_main
         self.storage = open_storage(self.settings.location(run.id, _default_location(run)))
         self.writer = CheckpointWriter(self.storage, self.settings.keep,
                                        asynchronous=self.settings.mode == "async")
@@ -94,6 +104,9 @@ class Checkpointer(Component):
 
     def _resume(self, run: RunContext, name: str, payload: dict[str, Any]) -> None:
         run.load_state_dict(payload["run"])
+        restore_rank_state(run, payload["run"], self.ranks)
+        # the position stays counted in the saved world until run.batches sees the loader
+        check_world_change(run, run.state.world_size, self.ranks.world_size)
         self._saved_objects = dict(payload["objects"])
         self.resumed_from = name
         state = run.state
@@ -126,6 +139,9 @@ class Checkpointer(Component):
             if not busy:
                 self._writing = False
                 self._report(run, self.writer.completed())
+        if _ranks_agree(run):
+            self._step_end_ranks(run, busy)
+            return
         # auto never queues a save behind one in flight; fixed intervals are the user's call
         step = run.state.step
         if (self._held or self.schedule.due_at_step(step)) and run.stop_requested is None \
@@ -142,6 +158,22 @@ class Checkpointer(Component):
         if not self._writing:
             self._sleep(run, step)
 
+    def _step_end_ranks(self, run: RunContext, busy: bool) -> None:
+        """Under torchrun: every N steps, every rank knows the step and saves; a timed (or
+        auto) schedule is rank 0's clock, so rank 0 proposes and every rank saves the step
+        after (the ranks agree on it, see ``prudent.distributed``). Never asleep: the
+        agreement can come at any step."""
+        if self.schedule.kind == "steps":
+            if self.schedule.due_at_step(run.state.step):
+                self.save(run, "periodic")
+        elif run.save_agreed:
+            self._proposed = False
+            self.save(run, "periodic")
+        elif not (self.read_only or self._proposed or run.stop_requested or
+                  (busy and self.schedule.kind == "auto")) \
+                and self.schedule.due_at_step(run.state.step):
+            self._proposed = run.save_proposed = True
+
     def _sleep(self, run: RunContext, step: int) -> None:
         """No write to follow: skip the steps before the next save could be due (the kernel
         then compares one number a step instead of calling this handler)."""
@@ -154,7 +186,10 @@ class Checkpointer(Component):
         if self.writer is None:
             return
         held, self._held = self._held, False
-        if held or self.schedule.due_at_epoch_end(epoch):
+        due = held or self.schedule.due_at_epoch_end(epoch)
+        if _ranks_agree(run):  # rank 0's timed schedule decides for every rank
+            due = run.rank_group.from_main(due)
+        if due:
             self.save(run, "periodic" if held else "epoch_end")
 
     def on_stop_requested(self, run: RunContext, reason: StopReason) -> None:
@@ -167,7 +202,7 @@ class Checkpointer(Component):
         if self._at_saved_position(run):
             return
         left = run.stop_deadline - time.time() if run.stop_deadline else None
-        if left is not None and self._sync_save_s is not None and self._sync_save_s > left:
+        if left is not None and not _ranks_agree(run) and self._sync_save_s is not None and self._sync_save_s > left:
             run.record_event(EventKind.CHECKPOINT, "emergency_skipped",
                              f"a save takes about {self._sync_save_s:.1f} s but only {left:.1f} s "
                              f"of notice is left: keeping the newest periodic checkpoint instead")
@@ -183,12 +218,21 @@ class Checkpointer(Component):
             run.record_event(EventKind.CHECKPOINT, "not_restored", f"the checkpoint holds {missing} but "
                              "the script never attached it: attach it with run.attach(...)")
 
-    def save(self, run: RunContext, reason: str, synchronous: bool = False) -> None:
-        """Checkpoint the run now (a snapshot; written in the background unless synchronous)."""
+    def save(self, run: RunContext, reason: str, synchronous: bool = False, *,
+             every_rank: bool = True) -> None:
+        """Checkpoint the run now (a snapshot; written in the background unless synchronous).
+
+        Under torchrun every rank calls it at the same step (``every_rank``): each hands its
+        own part to rank 0, which writes."""
         assert self.writer is not None
-        if self.read_only:
-            return
         state = run.state
+        every_rank = every_rank and _ranks_agree(run)
+        parts = run.rank_group.gather_to_main(rank_state(run)) if every_rank else None
+        if self.read_only:
+            if every_rank:  # took part: at the same position and schedule as rank 0
+                self._last_position = (state.step, state.epoch, state.batches_in_epoch)
+                self.schedule.saved(state.step)
+            return
         self._last_position = (state.step, state.epoch, state.batches_in_epoch)
         started = time.perf_counter()
         # the training thread builds the payload: cheap for a module's state_dict (references),
@@ -196,9 +240,13 @@ class Checkpointer(Component):
         # stall, which the automatic schedule spaces saves by, counts it
         payload = {"objects": {k: state_of(v) for k, v in run.objects.items()},
                    "run": run.state_dict()}
-        prepared_s = time.perf_counter() - started
         meta = {"run_id": run.id, "epoch": state.epoch, "batches_in_epoch": state.batches_in_epoch,
                 "reason": reason}
+        if self.ranks.is_distributed:
+            parts = parts or [rank_state(run)] + [None] * (self.ranks.world_size - 1)
+            payload["run"]["ranks"] = parts
+            meta["world"] = world_of([p or {"host": "?"} for p in parts])
+        prepared_s = time.perf_counter() - started
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
                                   prepared_s=prepared_s)
@@ -220,7 +268,12 @@ class Checkpointer(Component):
         self.pinned[label] = name  # before the save: the pin rides in the checkpoint itself
         self.writer.pinned = set(self.pinned.values())
         if not self._at_saved_position(run):
-            self.save(run, f"keep:{label}")
+            agreed = self._last_position
+            # asked on rank 0 alone (from run.log): the other ranks' generators are not in
+            # it (resumed from, they keep the script's streams; see checkpoint.ranks)
+            self.save(run, f"keep:{label}", every_rank=False)
+            if self.ranks.is_distributed:  # rank 0's own save: the agreed position stays
+                self._last_position = agreed
         return name
 
     def restore(self, run: RunContext, *, before_step: int | None = None,
@@ -294,3 +347,9 @@ class Checkpointer(Component):
 
 def _default_location(run: RunContext) -> str:
     return default_location(run.id, run.run_dir)
+
+
+def _ranks_agree(run: RunContext) -> bool:
+    """Under torchrun with torch.distributed initialised: saves are taken by every rank."""
+    group = run.rank_group
+    return group is not None and group.ready

@@ -1,0 +1,100 @@
+"""Per-rank state under torchrun (gloo on CPU): each rank's own streams come back, a
+checkpoint moves to another number of ranks without a sample trained twice, and ranks that
+resumed from different checkpoints never train together."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import Project, script
+from tests.e2e.test_resume import assert_identical, final_state
+
+
+def torchrun(name: str, num_ranks: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(num_ranks), script(name)]
+
+
+def losses(log: Path) -> list[list[tuple[int, str]]]:
+    """(step, loss) lines of each process that wrote ``log``, in order."""
+    by_pid: dict[str, list[tuple[int, str]]] = {}
+    for line in log.read_text().splitlines():
+        pid, step, loss = line.split()
+        by_pid.setdefault(pid, []).append((int(step), loss))
+    return list(by_pid.values())
+
+
+@pytest.mark.slow
+def test_ranks_seeded_apart_resume_their_own_streams_bit_identical(project: Project) -> None:
+    # resumed from a periodic checkpoint (no stop save): the steps after it are trained again
+    (project.path / "prudent.yaml").write_text("checkpoint:\n  on_stop: false\n")
+    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "10steps", "PRUDENT_CONSOLE": "off"})
+    reference = project.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
+                                *torchrun("ddp_rank_seeds.py"), timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    uninterrupted = [losses(project.path / f"rank{r}.log")[0] for r in (0, 1)]
+    assert sum(a == b for a, b in zip(*uninterrupted)) == 0  # two streams, never equal
+    for rank in (0, 1):
+        (project.path / f"rank{rank}.log").unlink()
+
+    result = project.prudent("run", "--run-id", "seeds", "--max-restarts", "1",
+                             "--restart-backoff-s", "0.1", "--set", "stop_rank1_at=25", "--",
+                             *torchrun("ddp_rank_seeds.py"), timeout=300)
+    assert result.returncode == 0, result.stderr
+    for rank in (0, 1):
+        first, second = losses(project.path / f"rank{rank}.log")
+        assert first[-1][0] == 26 and second[0][0] == 21  # resumed from step 20's checkpoint
+        # every step, first try and retry alike, has the loss of the uninterrupted run
+        assert first == uninterrupted[rank][:26] and second == uninterrupted[rank][20:]
+    assert_identical(final_state(project.path / "ref.pt"), final_state(project.path / "final.pt"))
+    saved = [e for e in project.show("seeds")["events"] if e["name"] == "saved"]
+    assert [e["step"] for e in saved][:2] == [10, 20]  # agreed saves, on the schedule's steps
+
+
+@pytest.mark.slow
+def test_four_ranks_resumed_on_two_train_every_sample_of_the_epoch_once(project: Project) -> None:
+    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "1000steps", "PRUDENT_CONSOLE": "off"})
+    stopped = project.prudent("run", "--run-id", "world", "--set", "stop_rank1_at=4", "--",
+                              *torchrun("ddp_world_change.py", 4), timeout=300)
+    assert stopped.returncode == 75, stopped.stderr
+    # asked at step 4, stopped at 5: 5 batches x 4 ranks = 20 of the epoch's 64, which 3
+    # ranks cannot split evenly (2 can)
+    refused = project.prudent("run", "--run-id", "world", "--",
+                              *torchrun("ddp_world_change.py", 3), timeout=300)
+    assert refused.returncode == 2, refused.stderr
+    assert "cannot be split evenly over 3 ranks" in refused.stderr
+    log = project.path / "samples.log"
+    before_refusal = log.read_text()
+    resumed = project.prudent("run", "--run-id", "world", "--",
+                              *torchrun("ddp_world_change.py", 2), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert log.read_text().startswith(before_refusal)
+
+    trained = Counter()
+    for line in log.read_text().splitlines():
+        _, epoch, *indices = line.split()
+        if epoch == "0":
+            trained.update(int(i) for i in indices)
+    assert sorted(trained) == list(range(256))  # every sample of the interrupted epoch...
+    assert set(trained.values()) == {1}  # ...exactly once, on 4 ranks and then on 2
+    changed = [e for e in project.show("world")["events"] if e["name"] == "world_changed"]
+    assert changed and "checkpoint taken on 4 ranks, resumed on 2" in changed[-1]["message"]
+
+
+@pytest.mark.slow
+def test_ranks_that_resumed_from_different_checkpoints_are_refused(project: Project) -> None:
+    project.env.update({"PRUDENT_CONSOLE": "off", "OWN_LOCATION": "1"})
+    first = project.prudent("run", "--run-id", "nodes", "--set", "stop_rank1_at=5", "--",
+                            *torchrun("ddp_rank_seeds.py"), timeout=300)
+    assert first.returncode == 75, first.stderr
+    again = project.prudent("run", "--run-id", "nodes", "--", *torchrun("ddp_rank_seeds.py"),
+                            timeout=300)
+    assert again.returncode == 2, again.stderr
+    assert "did not resume from the same checkpoint" in again.stderr
+    assert "rank 1: step 0 (no checkpoint)" in again.stderr
+    steps = [int(line.split()[1]) for line in (project.path / "rank0.log").read_text().splitlines()]
+    assert max(steps) == 6  # nothing more was trained
