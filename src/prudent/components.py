@@ -98,5 +98,6 @@ def default_components(settings: ProjectSettings, spec: LaunchSpec | None = None
     chosen = [c for c in built if c is not None and (ranks.is_main or not c.main_rank_only)]
     if not ranks.is_distributed:
         return chosen
-    coordinator = StopCoordinator(ranks)  # first on step_end: reads what the ranks agreed
+    # first on step_end: reads what the ranks agreed
+    coordinator = StopCoordinator(ranks, settings.run.ranks_agree_every_s)
     return [coordinator, *chosen, coordinator.poster]  # last: posts this step's flags

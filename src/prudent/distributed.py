@@ -3,17 +3,25 @@
 Rank 0 registers the run, writes metrics, events and checkpoint files; every rank takes part
 in a checkpoint (its own generators and data position travel in it, see
 ``prudent.checkpoint.ranks``) and restores its own part. What must happen on every rank at
-the same step (a stop, a periodic save) is agreed without a barrier in the step: each step
-ends by *posting* a two-number ``all_reduce`` (stop wanted? save wanted?) on prudent's own
-gloo group, and the next step's end reads it (the reduction ran meanwhile, beside the
-user's compute). Every rank reads the same numbers at the same step, so every rank acts at
-that step; the price is one step of delay, never a device sync or a wait for the slowest rank
-inside prudent (a straggler still makes the others wait in the gradient all-reduce).
+the same step (a stop, a periodic save) is agreed without a barrier in the step: a step's end
+*posts* a small ``all_reduce`` (stop wanted? save wanted? how many steps until the next
+one?) on prudent's own gloo group, and a later step's end reads it (the reduction ran
+meanwhile, beside the user's compute). Every rank reads the same numbers at the same step,
+so every rank acts at that step. Even posted and read a step later, a collective per step
+cost a 2-rank gloo job on 2 cores about 0.6 ms a step (its threads compete with the
+training's; ``benchmarks/ranks_agreement.py``), so the ranks agree about every
+``run.ranks_agree_every_s`` of training instead (0.2 s; at the planned last step at the
+latest): the interval in steps is itself agreed (the largest
+any rank proposes from its step time), so every rank posts and reads at the same steps. A
+stop or a timed save therefore waits up to two intervals; never a device sync, nor a wait
+inside prudent for the slowest rank (a straggler still makes the others wait in the
+gradient all-reduce).
 """
 
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,6 +35,8 @@ if TYPE_CHECKING:
     from prudent.context import RunContext
 
 __all__ = ["AgreementPoster", "RankGroup", "Ranks", "StopCoordinator", "ranks_from_env"]
+
+MAX_AGREE_STEPS = 10_000
 
 
 @dataclass(frozen=True)
@@ -128,20 +138,25 @@ class StopCoordinator(Component):
     """Turns one rank's stop request (or rank 0's wish to checkpoint) into every rank's, at
     the same step.
 
-    The first ``on_step_end`` handler: it reads the flags the ranks posted as the previous
-    step ended (``AgreementPoster``, the last handler, posts them), so every component of this
-    step sees the agreed stop (``run.pending_stop``) and the agreed save (``run.save_agreed``).
+    The first ``on_step_end`` handler: at the agreed step it reads the flags the ranks posted
+    an interval before (``AgreementPoster``, the last handler, posts them), so every component
+    of this step sees the agreed stop (``run.pending_stop``) and the agreed save
+    (``run.save_agreed``); other steps cost it one comparison.
     The run holds its own stop requests back (``run.defer_stops``) until then. At the first
     ``attach`` (or step) the ranks check they resumed from the same checkpoint step.
     """
 
     name = "distributed"
 
-    def __init__(self, ranks: Ranks) -> None:
+    def __init__(self, ranks: Ranks, agree_every_s: float = 0.2) -> None:
         self.ranks = ranks
+        self.agree_every_s = agree_every_s
         self.group = RankGroup(ranks)
         self.poster = AgreementPoster(self)
         self.pending: PendingFlags | None = None
+        self.read_at = 0  # the step whose end reads ``pending``
+        self.interval = 1  # steps between agreements, as last agreed
+        self._posted_at: tuple[int, float] | None = None  # step and time of the last post
         self._warned = False
         self._checked_start = False
 
@@ -160,13 +175,32 @@ class StopCoordinator(Component):
             return
         if not self._checked_start:
             self._check_same_start(run)
-        pending, self.pending = self.pending, None
-        if pending is None:
+        pending = self.pending
+        if pending is None or run.state.step < self.read_at:
             return
-        stop, save = pending.result()
+        self.pending = None
+        stop, save, interval = pending.result()
+        self.interval = interval
         run.save_agreed = bool(save)
         if stop:
             self._agree_on_stop(run)
+
+    def post(self, run: RunContext) -> None:
+        """Post this rank's flags and its proposed interval, to be read ``interval`` steps
+        from now (the interval every rank read last time: the same step on every rank)."""
+        step, now = run.state.step, time.perf_counter()
+        proposed = 1
+        if self._posted_at is not None and step > self._posted_at[0]:
+            step_s = (now - self._posted_at[1]) / (step - self._posted_at[0])
+            proposed = max(1, min(MAX_AGREE_STEPS, int(self.agree_every_s / max(step_s, 1e-9))))
+        self._posted_at = (step, now)
+        self.pending = self.group.post_flags(run.pending_stop is not None, run.save_proposed,
+                                             proposed)
+        self.read_at = step + self.interval
+        planned = run.state.planned_steps
+        if planned and step < planned:  # a stop asked near the end is not lost to the end
+            self.read_at = min(self.read_at, planned)
+        run.save_proposed = False
 
     def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         run.defer_stops = False
@@ -212,8 +246,8 @@ class StopCoordinator(Component):
 
 
 class AgreementPoster(Component):
-    """The last ``on_step_end`` handler: posts this rank's flags (a stop requested during
-    the step, a save rank 0's checkpointer wants) for the next step's end to read."""
+    """The last ``on_step_end`` handler: once the last agreement was read, posts this rank's
+    flags (a stop requested, a save rank 0's checkpointer wants) for a later step to read."""
 
     name = "distributed_post"
 
@@ -222,8 +256,7 @@ class AgreementPoster(Component):
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         coordinator = self.coordinator
-        if not coordinator.group.ready or not run.defer_stops:
-            return  # single-process behaviour, or a stop agreed at this step: nothing follows
-        coordinator.pending = coordinator.group.post_flags(
-            run.pending_stop is not None, run.save_proposed)
-        run.save_proposed = False
+        if coordinator.pending is not None or not run.defer_stops:
+            return  # in flight; or single-process behaviour, or a stop agreed: nothing follows
+        if coordinator.group.ready:
+            coordinator.post(run)

@@ -61,6 +61,7 @@ ENV_SETTINGS: dict[str, Setting] = {
     "PRUDENT_STORE_URL": ("store", "url"),
     "PRUDENT_CONSOLE": ("console", "mode"),
     "PRUDENT_DEVICE": ("run", "device"),
+    "PRUDENT_RANKS_AGREE_EVERY_S": ("run", "ranks_agree_every_s"),
     "PRUDENT_PROFILE": ("profile", "enabled"),
     "PRUDENT_PROFILE_STEPS": ("profile", "steps"),
     "PRUDENT_CHECKPOINT_URL": ("checkpoint", "url"),

@@ -36,6 +36,10 @@ class RunSettings(BaseModel):
     device: str = Field("auto", description="run.device: auto picks cuda, then mps, then cpu.")
     handle_signals: bool = Field(True, description="Turn SIGTERM into a clean stop with reason "
                                  "'preempted' (only when the script has not set its own handler).")
+    ranks_agree_every_s: float = Field(
+        0.2, ge=0, description="Under torchrun: training time between two agreements of the "
+        "ranks on a stop or a timed save (each costs a small all-reduce; a stop waits up to "
+        "twice this); 0 agrees at every step (PRUDENT_RANKS_AGREE_EVERY_S).")
 
     @field_validator("device")
     @classmethod

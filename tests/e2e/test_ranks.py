@@ -13,6 +13,11 @@ import pytest
 from tests.e2e.conftest import Project, script
 from tests.e2e.test_resume import assert_identical, final_state
 
+# the ranks agree at every step (by default about every 0.2 s of training, which on these
+# runs' ~1 ms steps would land a stop many steps after it was asked): the steps asserted
+# below are then exact
+EVERY_STEP = {"PRUDENT_RANKS_AGREE_EVERY_S": "0"}
+
 
 def torchrun(name: str, num_ranks: int = 2) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
@@ -32,7 +37,7 @@ def losses(log: Path) -> list[list[tuple[int, str]]]:
 def test_ranks_seeded_apart_resume_their_own_streams_bit_identical(project: Project) -> None:
     # resumed from a periodic checkpoint (no stop save): the steps after it are trained again
     (project.path / "prudent.yaml").write_text("checkpoint:\n  on_stop: false\n")
-    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "10steps", "PRUDENT_CONSOLE": "off"})
+    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "10steps", "PRUDENT_CONSOLE": "off", **EVERY_STEP})
     reference = project.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
                                 *torchrun("ddp_rank_seeds.py"), timeout=300)
     assert reference.returncode == 0, reference.stderr
@@ -57,7 +62,7 @@ def test_ranks_seeded_apart_resume_their_own_streams_bit_identical(project: Proj
 
 @pytest.mark.slow
 def test_four_ranks_resumed_on_two_train_every_sample_of_the_epoch_once(project: Project) -> None:
-    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "1000steps", "PRUDENT_CONSOLE": "off"})
+    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "1000steps", "PRUDENT_CONSOLE": "off", **EVERY_STEP})
     stopped = project.prudent("run", "--run-id", "world", "--set", "stop_rank1_at=4", "--",
                               *torchrun("ddp_world_change.py", 4), timeout=300)
     assert stopped.returncode == 75, stopped.stderr
@@ -87,7 +92,7 @@ def test_four_ranks_resumed_on_two_train_every_sample_of_the_epoch_once(project:
 
 @pytest.mark.slow
 def test_ranks_that_resumed_from_different_checkpoints_are_refused(project: Project) -> None:
-    project.env.update({"PRUDENT_CONSOLE": "off", "OWN_LOCATION": "1"})
+    project.env.update({"PRUDENT_CONSOLE": "off", **EVERY_STEP, "OWN_LOCATION": "1"})
     first = project.prudent("run", "--run-id", "nodes", "--set", "stop_rank1_at=5", "--",
                             *torchrun("ddp_rank_seeds.py"), timeout=300)
     assert first.returncode == 75, first.stderr
