@@ -33,6 +33,7 @@ from prudent.debug.environment import environment, git_state, user_traceback
 from prudent.debug.probe import (
     SampleIndexRecorder,
     index_list,
+    local_shard,
     non_finite_grads,
     non_finite_rows,
 )
@@ -75,6 +76,7 @@ class FailureCapture(Component):
         self.written: list[str] = []  # bundle paths, in order
         self._kinds_done: dict[str, str] = {}  # failure kind -> bundle path
         self._params: list[tuple[str, torch.Tensor]] = []
+        self._sharded = False  # a parameter is a DTensor: bundles hold this rank's shards
         self._amp = False
         self._batch: Any = None
         # the sampler's outputs of the epoch in progress, and where its iterator began
@@ -129,6 +131,8 @@ class FailureCapture(Component):
                 prefix = f"{key}." if len(modules) > 1 else ""
                 self._params += [(prefix + n, p) for n, p in obj.named_parameters()
                                  if p.requires_grad and id(p) not in seen]
+                self._sharded = self._sharded or any(local_shard(p) is not p
+                                                     for _, p in self._params)
                 seen.update(id(p) for p in obj.parameters())
             if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled():
                 self._amp = True  # inf gradients are then the scaler's business, not a failure
@@ -275,6 +279,8 @@ class FailureCapture(Component):
                      "loss": self._loss.detach() if isinstance(self._loss, torch.Tensor)
                      else None}
         objects = {k: state_of(v) for k, v in run.objects.items()}
+        if self._sharded:
+            objects = _local_shards(objects)
         written = write_bundle(capture_folder(run), name, info, self._batch, run_state,
                                objects, int(self.settings.max_bytes))
         self.written.append(written.path)
@@ -305,6 +311,7 @@ class FailureCapture(Component):
             "offending": offending, "error": f"{type(error).__name__}: {error}" if error else None,
             "traceback": user_traceback(error), "config": run.config,
             "settings": run.settings.model_dump(mode="json"), "rank": self._rank.rank,
+            "local_shards": self._sharded,
             "model_devices": sorted({str(p.device) for _, p in self._params}),
             "git": git_state(), **environment()}
 
@@ -333,6 +340,17 @@ class FailureCapture(Component):
         if self.quiet:
             return
         print(f"prudent | {run.id} | {text}", file=self.stream or sys.stderr, flush=True)
+
+
+def _local_shards(state: Any) -> Any:
+    """A state with each DTensor (FSDP2's parameters and optimizer state) as this rank's
+    shard: a plain tensor that ``torch.load(weights_only=True)`` reads (a DTensor needs its
+    mesh), taken without a collective; the bundle's name carries the rank."""
+    if isinstance(state, dict):
+        return {k: _local_shards(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
+        return type(state)(_local_shards(v) for v in state)
+    return local_shard(state)
 
 
 def _step_rng() -> tuple[Any, Any]:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import collections
 import math
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 __all__ = ["ForwardProbe", "IndexedBatches", "SampleIndexRecorder", "batch_size_of",
-           "describe_batch", "float_or_text", "index_list", "non_finite_grads", "non_finite_rows", "tensors_in"]
+           "describe_batch", "float_or_text", "index_list", "local_shard", "non_finite_grads",
+           "non_finite_rows", "tensors_in"]
 
 
 class SampleIndexRecorder:
@@ -156,14 +158,25 @@ def non_finite_rows(batch: Any) -> dict[int, list[str]]:
 
 
 def non_finite_grads(named_params: list[tuple[str, torch.Tensor]]) -> list[str]:
-    """Names of the parameters whose gradient holds NaN or infinity (one host sync)."""
+    """Names of the parameters whose gradient holds NaN or infinity (one host sync). A
+    sharded gradient (FSDP2's DTensor) is judged by this rank's shard: no collective, so a
+    rank may call it alone (a NaN in one rank's batch reaches every shard through the
+    gradient reduction anyway)."""
     named = [(name, p.grad) for name, p in named_params if p.grad is not None]
     if not named:
         return []
-    norms = torch._foreach_norm([g.detach() for _, g in named])
+    norms = torch._foreach_norm([local_shard(g.detach()) for _, g in named])
     device = norms[0].device
     finite = torch.isfinite(torch.stack([n.to(device) for n in norms])).tolist()
     return [name for (name, _), ok in zip(named, finite) if not ok]
+
+
+def local_shard(tensor: Any) -> Any:
+    """This rank's shard of a DTensor (FSDP2's sharded parameters, their gradients and
+    optimizer state), a plain tensor; any other value as it is."""
+    module = sys.modules.get("torch.distributed.tensor")  # not imported: nothing is a DTensor
+    dtensor = getattr(module, "DTensor", None)
+    return tensor.to_local() if dtensor is not None and isinstance(tensor, dtensor) else tensor
 
 
 def describe_batch(batch: Any, limit: int = 6) -> str:

@@ -198,6 +198,11 @@ class BundleReplay(_Replay):
         except ConfigError as exc:
             _refuse(run, str(exc))
         info = self.bundle.info
+        if info.get("local_shards"):
+            _refuse(run, f"capture bundle {self.path} holds the shards of rank "
+                    f"{info.get('rank')} only (the model was sharded: FSDP2's DTensors), not "
+                    "the whole model a replay needs: replay the step from a checkpoint with "
+                    "prudent replay RUN --step S")
         self.target = int(info["step"])
         self._indices = info.get("sample_indices")
         run.state.step, run.state.epoch = self.target - 1, int(info.get("epoch", 0))

@@ -7,6 +7,8 @@
     rules/         the built-in rules, one module per family
     settings.py    MonitorSettings: ``monitor:`` in prudent.yaml
     stats.py       StepStats: statistics kept on the device, read a window at a time
+    shards.py      ShardedNorms: FSDP2's sharded (DTensor) norms made global, steps agreed
+    memory.py      memory_sample: host and device memory at one step
     activations.py ActivationProbe: forward hooks on sampled steps only
     actions.py     stop, reduce_lr, alert, capture, prune
     webhook.py     WebhookSender: alerts POSTed as JSON from a background thread

@@ -5,6 +5,11 @@ only while a sample is being taken. Each hook reduces the activation on the devi
 mask (which units fired in this batch); nothing is copied to the host. A unit that fired for
 no example at all is dead (ReLU) or saturated (sigmoid, tanh). Small batches say little about
 "never", so a sample spans as many steps as it takes to see ``min_examples`` examples.
+
+Under data parallelism (DDP, FSDP2) each rank judges its own examples: no collective (the
+hooks are armed on each rank's own schedule), so a rank's smaller batch takes more steps to
+reach ``min_examples``, and a unit that fired only on another rank's examples counts as
+dead on this one.
 """
 
 from __future__ import annotations

@@ -192,6 +192,8 @@ class Monitor(Component):
             stats.after_backward(step)
             if stats.bursting and not bursting:
                 run.wake(self)  # a jump in the norm: the rules look sooner while it lasts
+            elif stats.sampled_at(step):
+                run.wake(self)  # a sample its end finishes (sharded: on every rank's end)
         if not judging:
             run.sleep_until(self, stats.backward_due, Event.AFTER_BACKWARD)
 

@@ -7,12 +7,17 @@ adds per-layer gradient norms, the update-to-weight ratio (from a strided sample
 weight, so the copy stays small on a large model), activation statistics and memory.
 :meth:`take_window` moves all of it to the host with one or two copies per device and hands
 the rules plain floats.
+
+With sharded parameters (FSDP2's DTensors) the norms are taken on each rank's shard and made
+global by one all_reduce on the measured steps (:mod:`prudent.monitor.shards`), which also
+agrees on the steps that measure next: every rank measures and samples at the same steps,
+whatever its own clock or loss said. The update ratio sums every rank's sampled elements.
+What stays this rank's own: the loss, the activations (its own examples) and memory.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +25,9 @@ from typing import Any
 
 from prudent.monitor.activations import ActivationProbe
 from prudent.monitor.base import ActivationSample, LayerSample, MemorySample, Window
+from prudent.monitor.memory import memory_sample
 from prudent.monitor.settings import MonitorSettings
+from prudent.monitor.shards import ShardedNorms
 
 __all__ = ["StepStats", "saved_loss"]
 
@@ -48,6 +55,7 @@ class _Layers:
     numels: list[int]
     matrix: list[bool]
     grad_norms: Any = None
+    params: list[Any] | None = None  # the parameters sampled (for a sharded sample's reduce)
     views: list[Any] | None = None
     before: list[Any] | None = None
     update_and_weight_norms: Any = None  # ||after - before|| of each tensor, then ||before||
@@ -60,6 +68,7 @@ class _Layout:
     numels: list[int]
     matrix: list[bool]
     views: list[Any]
+    params: list[Any]
 
 
 class StepStats:
@@ -100,6 +109,9 @@ class StepStats:
         self._step_s: float | None = None  # the last window's mean step time
         self.last_step_s: float | None = None
         self._layout_cache: _Layout | None = None
+        self._shards: ShardedNorms | None = None  # DTensor parameters: norms made global
+        self._look = False  # sharded: a loss jump here, for the next agreement to carry
+        self._open_sample: _Layers | None = None  # a layer sample its step's end finishes
 
     def _clear(self) -> None:
         self._steps: list[int] = []
@@ -134,6 +146,7 @@ class StepStats:
                 seen.add(id(param))
                 self.params.append(param)
                 self.names.append(name)
+        self._shards = ShardedNorms.find(self.params)
 
     # the loop's events ---------------------------------------------------------------------
     def after_backward(self, step: int) -> None:
@@ -141,6 +154,9 @@ class StepStats:
         if step < self.backward_due:
             return
         self._burst = max(0, self._burst - 1)
+        if self._shards is not None:
+            self._agreed_norms(step, self._shards)
+            return
         if step >= self._next_sample:
             self._sample_layers(step)  # the norms too
         else:
@@ -156,6 +172,40 @@ class StepStats:
         follow = self._burst or self._jump_from is not None
         self._next_norm = step + (1 if follow else self.norm_every)
         self.backward_due = min(self._next_sample, self._next_norm)
+
+    def _reschedule(self) -> None:
+        """The next step whose backward needs us. Sharded, only an agreement moves it (see
+        :meth:`_agreed_norms`): what this rank alone decides waits for the next one."""
+        if self._shards is None:
+            self.backward_due = min(self._next_sample, self._next_norm)
+
+    def _agreed_norms(self, step: int, shards: ShardedNorms) -> None:
+        """after_backward with sharded parameters: the global norms and the steps that measure
+        next, agreed in one all_reduce (see :mod:`prudent.monitor.shards`). Read on the host at
+        once: the next backward must know whether it measures (a wait for the device, on the
+        measured steps only; on the CPU nothing to wait for)."""
+        started = self.clock()
+        sample_now = step >= self._next_sample  # the leader's counts
+        gap = self.sample_every if sample_now else self._next_sample - step
+        params = [p for p in self.params if p.grad is not None]
+        local = shards.local_norms([p.grad for p in params], self.params[0].device)
+        norms, (sample, stride, gap, look) = shards.reduce(
+            params, local, plan=(sample_now, self.norm_every, gap), wishes=(self._look,))
+        self._look = False
+        scale = self._host_scale()
+        if norms:
+            self._norms[step] = self._watch(_global_norm(norms, scale))
+        if sample and norms:
+            self._open_layers(step, norms, scale)
+        else:
+            self._norm_costs.append(self.clock() - started)
+        follow = self._burst or self._jump_from is not None or look > 0
+        self._next_norm = step + (1 if follow else max(1, round(stride)))
+        self.backward_due = min(self._next_norm, step + max(1, round(gap)))
+
+    def _host_scale(self) -> float | None:
+        scale = getattr(self.scaler, "_scale", None) if self.scaler is not None else None
+        return None if scale is None else float(scale)
 
     def _watch(self, norm: float) -> float:
         """A norm far above the recent ones (or not finite): measure every step for a while,
@@ -258,8 +308,11 @@ class StepStats:
         whatever the stride (an explosion grows the loss 10x a step for a few dozen steps
         before it overflows; a sparse stride would see none of it). A jump in the norm then
         starts a burst (see :meth:`_watch`); a noisy batch costs one extra norm."""
+        if self._shards is not None:
+            self._look = True  # this rank's loss alone: carried by the next agreement
+            return
         self._next_norm = min(self._next_norm, step + 1)
-        self.backward_due = min(self._next_sample, self._next_norm)
+        self._reschedule()
 
     def _sample_step_end(self, step: int) -> None:
         """Finish a layer sample, and keep the activation hooks on for exactly the steps
@@ -267,7 +320,7 @@ class StepStats:
         if step >= self._next_sample:
             self._finish_layers(step)
             self._next_sample = step + self.sample_every
-            self.backward_due = min(self._next_sample, self._next_norm)
+            self._reschedule()
         if step >= self._next_memory:
             self._sample_memory(step)
         if self.activations.armed:
@@ -278,7 +331,7 @@ class StepStats:
                                  self._next_memory)
 
     def _sample_memory(self, step: int) -> None:
-        self._memory.append(_memory_sample(step))
+        self._memory.append(memory_sample(step))
         self._last_memory = self.clock()
         self._next_memory = step + self.memory_every
 
@@ -293,7 +346,7 @@ class StepStats:
             last = self._next_sample - self.sample_every
             self.sample_every = sample_every
             self._next_sample = min(self._next_sample, max(done + 1, last + sample_every))
-            self.backward_due = min(self._next_sample, self._next_norm)
+            self._reschedule()
         memory_every = max(5, min(self.sample_every, planned_steps // 100))
         last, self.memory_every = self._next_memory - self.memory_every, memory_every
         self._next_memory = min(self._next_memory, max(done + 1, last + memory_every))
@@ -326,35 +379,55 @@ class StepStats:
             return
         norms = _stack(listed)
         self._norms[step] = (norms, scale)
+        self._keep_layers(step, norms if scale is None else norms / scale)
+
+    def _open_layers(self, step: int, norms: list[float], scale: float | None) -> None:
+        """A sharded layer sample, from the agreed global norms: every rank finishes it at
+        this step's end, whatever its own schedule said."""
+        import torch
+
+        self._keep_layers(step, torch.tensor(norms, dtype=torch.float32) / (scale or 1.0))
+        self._next_sample = min(self._next_sample, step)
+        self._step_end_due = min(self._step_end_due, step)
+
+    def _keep_layers(self, step: int, grad_norms: Any) -> None:
         layout = self._layout()
-        self._layers.append(_Layers(
-            step, layout.names, layout.numels, layout.matrix,
-            norms if scale is None else norms / scale,
-            layout.views, [v.clone() for v in layout.views]))
+        sample = _Layers(step, layout.names, layout.numels, layout.matrix, grad_norms,
+                         layout.params, layout.views, [v.clone() for v in layout.views])
+        self._layers.append(sample)
+        self._open_sample = sample
+
+    def sampled_at(self, step: int) -> bool:
+        """A layer sample was taken at ``step``'s backward: its end must be seen."""
+        return self._open_sample is not None and self._open_sample.step == step
 
     def _layout(self) -> _Layout:
         """Names, sizes and sampled views of the parameters that have gradients, kept from one
         sample to the next while every parameter keeps its storage (an optimizer updates in
         place; ``model.to()`` or ``p.data = ...`` gives a new one, and a new layout)."""
         with_grad = tuple(i for i, p in enumerate(self.params) if p.grad is not None)
-        key = (with_grad, tuple(self.params[i].data_ptr() for i in with_grad))
+        params = [self.params[i] for i in with_grad]
+        data = params if self._shards is None else [self._shards.local(p) for p in params]
+        key = (with_grad, tuple(t.data_ptr() for t in data))
         if self._layout_cache is None or self._layout_cache.key != key:
-            params = [self.params[i] for i in with_grad]
             self._layout_cache = _Layout(key, [self.names[i] for i in with_grad],
-                                         [p.numel() for p in params],
+                                         [p.numel() for p in params],  # a DTensor's: global
                                          [p.dim() >= 2 for p in params],
-                                         [_sampled_view(p) for p in params])
+                                         [_sampled_view(t) for t in data], params)
         return self._layout_cache
 
     def _finish_layers(self, step: int) -> None:
         import torch
 
-        if not self._layers or self._layers[-1].step != step or self._layers[-1].views is None:
+        sample, self._open_sample = self._open_sample, None
+        if sample is None or sample.step != step or sample.views is None:
             return
-        sample = self._layers[-1]
         delta = torch._foreach_sub(sample.views, sample.before)  # type: ignore[arg-type]
-        sample.update_and_weight_norms = _stacked_norms([*delta, *sample.before],
-                                                        sample.grad_norms.device)
+        norms = _stacked_norms([*delta, *sample.before], sample.grad_norms.device)
+        if self._shards is not None:  # each rank's sampled elements: the sums of theirs
+            values, _ = self._shards.reduce(sample.params or [], norms)
+            norms = torch.tensor(values, dtype=torch.float32)
+        sample.update_and_weight_norms = norms
         sample.views = sample.before = None
 
     # to the host ---------------------------------------------------------------------------
@@ -564,91 +637,6 @@ def _layer_sample(sample: _Layers, host: Iterator[list[float]]) -> LayerSample:
     ratio = math.sqrt(math.fsum(u * u for u in update)) / total_weight if total_weight > 0 else None
     per_layer = {name: u / w for name, u, w in zip(sample.names, update, weight) if w > 0}
     return LayerSample(sample.step, rms, ratio, per_layer)
-
-
-class _ResidentMemory:
-    """This process's resident memory, cheaply: on Linux one ``pread`` of
-    ``/proc/self/statm`` on a descriptor kept open (~5 us inside a training loop, where
-    psutil's open-read-parse takes ~150 us); psutil elsewhere. Reopened after a fork, since
-    the descriptor names the process that opened it."""
-
-    def __init__(self) -> None:
-        self._pid = -1
-        self._fd: int | None = None
-        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-    def __call__(self) -> int:
-        if self._pid != os.getpid():
-            self._reopen()
-        if self._fd is not None:
-            try:
-                return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
-            except (OSError, IndexError, ValueError):
-                self._fd = None  # fall back to psutil from now on
-        import psutil
-
-        return int(psutil.Process().memory_info().rss)
-
-    def _reopen(self) -> None:
-        self._pid = os.getpid()
-        self._fd = None
-        if hasattr(os, "pread"):
-            try:
-                self._fd = os.open("/proc/self/statm", os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except OSError:
-                pass
-
-
-_resident_bytes = _ResidentMemory()
-
-
-class _AvailableMemory:
-    """The host memory left for this process (``MemAvailable``, or a cgroup's limit minus its
-    usage when that is tighter), read at most every few seconds: it only feeds a projection."""
-
-    EVERY_S = 5.0
-
-    def __init__(self) -> None:
-        self._value: int | None = None
-        self._read_at = -math.inf
-
-    def __call__(self) -> int | None:
-        now = time.monotonic()
-        if now - self._read_at >= self.EVERY_S:
-            self._read_at = now
-            self._value = _read_available()
-        return self._value
-
-
-def _read_available() -> int | None:
-    try:
-        import psutil
-
-        available = int(psutil.virtual_memory().available)
-    except Exception:  # noqa: BLE001 - a projection without it is still a finding
-        return None
-    try:
-        limit = open("/sys/fs/cgroup/memory.max").read().strip()  # noqa: SIM115
-        used = int(open("/sys/fs/cgroup/memory.current").read())  # noqa: SIM115
-        if limit != "max":
-            available = min(available, int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    return available
-
-
-_available_bytes = _AvailableMemory()
-
-
-def _memory_sample(step: int) -> MemorySample:
-    import torch
-
-    device = total = None
-    if torch.cuda.is_initialized():  # not available -> not initialised; and the cheaper test
-        device = int(torch.cuda.memory_allocated())
-        total = int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
-    return MemorySample(step, _resident_bytes(), device, time.monotonic(), _available_bytes(),
-                        total)
 
 
 def saved_loss(value: Any) -> float | None:

@@ -1,0 +1,49 @@
+"""FSDP2 on CPU (gloo), two ranks: every Linear and the root `fully_shard`-ed on a 1-D mesh,
+AdamW, a shuffled DistributedSampler, 100 steps. Every rank appends "<pid> <step> <norm>" to
+`rank<r>.log` for each step it completed, <norm> being torch's own global gradient norm of
+that step (the reference for the monitor's); with `nan_rank1_at` set, rank 1's loss alone is
+NaN at that step."""
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import prudent
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+run = prudent.init(name="fsdp2", config={"epochs": 2, "nan_rank1_at": 0})
+cfg = run.config
+rank = dist.get_rank()
+torch.manual_seed(0)
+features = torch.randn(800, 8)
+dataset = TensorDataset(features, (features[:, 0] + 0.5 * features[:, 1] > 0).long())
+loader = DataLoader(dataset, batch_size=8, sampler=DistributedSampler(dataset, seed=3))
+model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 2))
+for layer in model:
+    if isinstance(layer, nn.Linear):
+        fully_shard(layer, mesh=mesh)
+fully_shard(model, mesh=mesh)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+run.attach(model=model, optimizer=opt)
+with run, open(f"rank{rank}.log", "a") as log:
+    for epoch in run.epochs(cfg["epochs"]):
+        for x, y in run.batches(loader):
+            loss = F.cross_entropy(model(x), y)
+            if rank == 1 and run.state.step + 1 == cfg["nan_rank1_at"]:
+                loss = loss * float("nan")
+            run.backward(loss)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+            opt.step()
+            opt.zero_grad()
+            log.write(f"{os.getpid()} {run.state.step + 1} {norm.full_tensor().item()!r}\n")
+            log.flush()
+            run.step(loss=loss)
+dist.destroy_process_group()
