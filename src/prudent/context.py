@@ -83,6 +83,9 @@ class RunContext:
         self.rank_group: Any = None
         self.save_agreed = False
         self.save_proposed = False
+        # this step's end is one where every rank reads the agreement (about every 0.2 s):
+        # a component's own collective (a straggler's timings) is safe in a later handler
+        self.ranks_agreed = False
         self.logged: dict[str, float] = {}  # the newest value of each run.log metric
         self.batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self.resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned

@@ -169,7 +169,7 @@ class StopCoordinator(Component):
             self._check_same_start(run)
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
-        run.save_agreed = False
+        run.save_agreed = run.ranks_agreed = False
         if not self.group.ready:
             self._not_initialized(run)
             return
@@ -179,6 +179,7 @@ class StopCoordinator(Component):
         if pending is None or run.state.step < self.read_at:
             return
         self.pending = None
+        run.ranks_agreed = True  # later handlers of this step may run a collective
         stop, save, interval = pending.result()
         self.interval = interval
         run.save_agreed = bool(save)
