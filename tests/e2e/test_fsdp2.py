@@ -1,6 +1,7 @@
 """FSDP2 (`fully_shard`, DTensor parameters) under torchrun on gloo: the guardrails measure
-global numbers with every rank making the same collectives, and a NaN on one rank stops all.
-Checkpoints are off: saving FSDP2 state is another test's."""
+global numbers with every rank making the same collectives, a NaN on one rank stops all, and
+a run stopped and resumed (each rank's shards through torch.distributed.checkpoint) ends with
+the model an uninterrupted run ends with."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from tests.e2e.conftest import Project, script
+from tests.e2e.test_resume import assert_identical, final_state
 
 
 def torchrun(*args: str) -> list[str]:
@@ -63,3 +65,46 @@ def test_nan_on_one_fsdp2_rank_stops_every_rank(fsdp2: Project) -> None:
     bundle = fsdp2.path / ".prudent" / "runs" / "nan" / "captures" / "step-30-rank1"
     weights = torch.load(bundle / "object-model.pt", weights_only=True)  # no DTensor: loadable
     assert weights["0.weight"].shape == (16, 8)  # rank 1's shard of the 32 x 8 weight
+
+
+@pytest.mark.slow
+def test_fsdp2_stopped_and_resumed_ends_with_the_same_full_model(fsdp2: Project) -> None:
+    fsdp2.env.update({"PRUDENT_RANKS_AGREE_EVERY_S": "0", "PRUDENT_CHECKPOINT_EVERY": "20steps"})
+    (fsdp2.path / "prudent.yaml").write_text("checkpoint:\n  keep: 2\n")
+    reference = fsdp2.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
+                              *torchrun(), timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    resumed = fsdp2.prudent("run", "--run-id", "sharded", "--max-restarts", "1",
+                            "--restart-backoff-s", "0.1", "--set", "stop_rank1_at=30",
+                            "--set", "out=final.pt", "--", *torchrun(), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    shown = fsdp2.show("sharded")
+    assert (shown["status"], shown["restarts"]) == ("completed", 1)
+    assert [e["step"] for e in shown["events"] if e["name"] == "resumed"] == [31]
+    assert_identical(final_state(fsdp2.path / "ref.pt"), final_state(fsdp2.path / "final.pt"))
+    checkpoints = fsdp2.path / ".prudent" / "runs" / "sharded" / "checkpoints"
+    # each checkpoint's shards beside it, one file per rank; older ones deleted with theirs
+    folders = {p.name for p in checkpoints.glob("ckpt-*")}
+    kept = sorted(name for name in folders if not name.endswith(".shards"))
+    assert len(kept) == 2 and kept[-1] == "ckpt-0000000100"  # keep: 2
+    assert folders == {*kept, *(f"{name}.shards" for name in kept)}
+    assert sorted(p.name for p in (checkpoints / "ckpt-0000000100.shards").glob("*.distcp")) \
+        == ["__0_0.distcp", "__1_0.distcp"]
+
+
+@pytest.mark.slow
+def test_fsdp2_shards_of_two_ranks_resume_on_one(fsdp2: Project) -> None:
+    fsdp2.env.update({"PRUDENT_RANKS_AGREE_EVERY_S": "0"})
+    (fsdp2.path / "prudent.yaml").write_text("checkpoint:\n  every: 1000steps\n")
+    stopped = fsdp2.prudent("run", "--run-id", "shrink", "--set", "stop_rank1_at=30", "--",
+                            *torchrun(), timeout=300)
+    assert stopped.returncode == 75, stopped.stderr
+    one_rank = [*torchrun()]
+    one_rank[one_rank.index("--nproc-per-node") + 1] = "1"
+    resumed = fsdp2.prudent("run", "--run-id", "shrink", "--", *one_rank, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    shown = fsdp2.show("shrink")
+    # 31 steps on 2 ranks are 62 of epoch 1's 100 batches on one rank: 38 more, then 100
+    assert (shown["status"], shown["step"]) == ("completed", 31 + 38 + 100)
+    changed = [e for e in shown["events"] if e["name"] == "world_changed"]
+    assert changed and "62 batches of epoch 1 already trained" in changed[0]["message"]

@@ -23,6 +23,13 @@ from prudent.checkpoint.objects import check_saveable, restore_object, state_of
 from prudent.checkpoint.ranks import check_world_change, rank_state, restore_rank_state, world_of
 from prudent.checkpoint.schedule import SaveSchedule
 from prudent.checkpoint.settings import CheckpointSettings
+from prudent.checkpoint.sharded import (
+    SHARDS_SUFFIX,
+    is_sharded_entry,
+    load_sharded,
+    save_sharded,
+    sharded_objects,
+)
 from prudent.checkpoint.storage import (
     CheckpointStorage,
     checkpoint_name,
@@ -124,10 +131,30 @@ class Checkpointer(Component):
                   file=self._stream or sys.stderr, flush=True)
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
+        sharded: dict[str, Any] = {}
         for key, obj in objects.items():
             check_saveable(key, obj)
-            if key in self._saved_objects:
-                restore_object(obj, self._saved_objects.pop(key))
+            if key not in self._saved_objects:
+                continue
+            saved = self._saved_objects.pop(key)
+            if is_sharded_entry(saved):
+                sharded[key] = saved
+            else:
+                restore_object(obj, saved)
+        if sharded:
+            self._restore_shards(run, sharded)
+
+    def _restore_shards(self, run: RunContext, saved: dict[str, Any]) -> None:
+        """Every rank reads its shards back (a collective: every rank attaches alike)."""
+        pairs = sharded_objects(run.objects)
+        missing = sorted(set(saved) - set(pairs))
+        if missing:
+            raise ConfigError(
+                f"the checkpoint holds {', '.join(missing)} in shards, but the attached "
+                f"{' and '.join(missing)} is not sharded, or its model is not attached: attach "
+                "the fully_shard-ed model, then (or together with) its optimizer")
+        assert self.storage is not None
+        load_sharded({k: pairs[k] for k in saved}, saved, self.storage.url, _group_of(run))
 
     # save ---------------------------------------------------------------------------------
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
@@ -226,7 +253,11 @@ class Checkpointer(Component):
         own part to rank 0, which writes."""
         assert self.writer is not None
         state = run.state
+        started = time.perf_counter()
         every_rank = every_rank and _ranks_agree(run)
+        # sharded state (FSDP2): every rank writes its own shards now, beside the checkpoint
+        kept = save_sharded(sharded_objects(run.objects), self._shards_folder(state.step),
+                            _group_of(run)) if self._holds_shards(run, every_rank) else {}
         parts = run.rank_group.gather_to_main(rank_state(run)) if every_rank else None
         if self.read_only:
             if every_rank:  # took part: at the same position and schedule as rank 0
@@ -234,11 +265,11 @@ class Checkpointer(Component):
                 self.schedule.saved(state.step)
             return
         self._last_position = (state.step, state.epoch, state.batches_in_epoch)
-        started = time.perf_counter()
         # the training thread builds the payload: cheap for a module's state_dict (references),
         # milliseconds for an adapter's framework checkpoint (serialised here): the loop's
-        # stall, which the automatic schedule spaces saves by, counts it
-        payload = {"objects": {k: state_of(v) for k, v in run.objects.items()},
+        # stall, which the automatic schedule spaces saves by, counts it (and the shards)
+        payload = {"objects": {k: kept[k] if k in kept else state_of(v)
+                               for k, v in run.objects.items()},
                    "run": run.state_dict()}
         meta = {"run_id": run.id, "epoch": state.epoch, "batches_in_epoch": state.batches_in_epoch,
                 "reason": reason}
@@ -257,6 +288,18 @@ class Checkpointer(Component):
         if result is not None:
             self._report(run, [result])
 
+    def _holds_shards(self, run: RunContext, every_rank: bool) -> bool:
+        if not sharded_objects(run.objects):
+            return False
+        if self.ranks.is_distributed and not every_rank:
+            raise ConfigError("a sharded (FSDP2) model is saved by every rank together; a save "
+                              "on one rank alone cannot hold it")
+        return True
+
+    def _shards_folder(self, step: int) -> str:
+        assert self.storage is not None
+        return f"{self.storage.url.rstrip('/')}/{checkpoint_name(step)}{SHARDS_SUFFIX}"
+
     # what other components ask of the checkpoints (through run.checkpoints) ----------------
     def keep(self, run: RunContext, label: str) -> str | None:
         """Checkpoint now (unless a checkpoint of this very position exists) and keep it under
@@ -264,6 +307,8 @@ class Checkpointer(Component):
         the usual rotation. Returns the checkpoint's name (None when nothing is written here)."""
         if self.writer is None or self.read_only:
             return None
+        if self.ranks.is_distributed and sharded_objects(run.objects):
+            return None  # rank 0 alone cannot save shards (see checkpoint.sharded)
         name = checkpoint_name(run.state.step)
         self.pinned[label] = name  # before the save: the pin rides in the checkpoint itself
         self.writer.pinned = set(self.pinned.values())
@@ -298,8 +343,9 @@ class Checkpointer(Component):
             if payload is None:
                 continue
             for key, obj in run.objects.items():
-                if key in payload["objects"]:
-                    restore_object(obj, payload["objects"][key])
+                saved = payload["objects"].get(key)
+                if key in payload["objects"] and not is_sharded_entry(saved):
+                    restore_object(obj, saved)  # shards need every rank: not rolled back
             run.record_event(EventKind.CHECKPOINT, "restored", f"{', '.join(run.objects)} put "
                              f"back as they were at step {step} ({candidate}), at step "
                              f"{run.state.step}", checkpoint=candidate, checkpoint_step=step)
@@ -347,6 +393,11 @@ class Checkpointer(Component):
 
 def _default_location(run: RunContext) -> str:
     return default_location(run.id, run.run_dir)
+
+
+def _group_of(run: RunContext) -> Any:
+    """prudent's own group over the ranks for DCP's collectives (None: the default group)."""
+    return run.rank_group.group if _ranks_agree(run) else None
 
 
 def _ranks_agree(run: RunContext) -> bool:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from prudent.checkpoint.finite import first_non_finite
+from prudent.checkpoint.sharded import SHARDS_SUFFIX
 from prudent.checkpoint.storage import CheckpointStorage, LocalStorage, checkpoint_name, step_of
 
 __all__ = ["CheckpointWriter", "LoadedCheckpoint", "SaveResult", "host_copy", "load_checkpoint",
@@ -248,6 +249,7 @@ class CheckpointWriter:
                 kept.add(name)
                 continue
             self.storage.delete(name)
+            self.storage.delete(name + SHARDS_SUFFIX)  # its FSDP2 shards, if it had any
             deleted.append(name)
         if isinstance(self.storage, LocalStorage):
             self.storage.remove_stale_staging()

@@ -2,7 +2,9 @@
 AdamW, a shuffled DistributedSampler, 100 steps. Every rank appends "<pid> <step> <norm>" to
 `rank<r>.log` for each step it completed, <norm> being torch's own global gradient norm of
 that step (the reference for the monitor's); with `nan_rank1_at` set, rank 1's loss alone is
-NaN at that step."""
+NaN at that step; with `stop_rank1_at` set, rank 1 alone asks to stop at that step (a
+preemption notice); with `out` set, the gathered full model and optimizer are saved there at
+the end."""
 
 import os
 
@@ -19,7 +21,8 @@ import prudent
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-run = prudent.init(name="fsdp2", config={"epochs": 2, "nan_rank1_at": 0})
+run = prudent.init(name="fsdp2", config={"epochs": 2, "nan_rank1_at": 0, "stop_rank1_at": 0,
+                                         "out": ""})
 cfg = run.config
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -43,7 +46,16 @@ with run, open(f"rank{rank}.log", "a") as log:
             norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
             opt.step()
             opt.zero_grad()
+            if rank == 1 and run.state.step + 1 == cfg["stop_rank1_at"]:
+                run.context.request_stop("preempted", "rank 1 was told its machine goes away")
             log.write(f"{os.getpid()} {run.state.step + 1} {norm.full_tensor().item()!r}\n")
             log.flush()
             run.step(loss=loss)
+if cfg["out"]:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state, optimizer_state = get_state_dict(model, opt, options=full)  # every rank
+    if rank == 0:
+        torch.save({"model": model_state, "optimizer": optimizer_state}, cfg["out"])
 dist.destroy_process_group()
