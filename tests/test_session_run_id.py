@@ -41,3 +41,14 @@ def test_characters_a_run_id_cannot_hold_become_dashes() -> None:
     run_id = _shared_run_id("My Model!", RANK0, {"TORCHELASTIC_RUN_ID": "team/job 7"})
     assert run_id == "my-model-team-job-7" and validate_run_id(run_id) == run_id
     assert len(_shared_run_id("x" * 100, RANK0, {"SLURM_JOB_ID": "9" * 200})) == 128
+
+
+def test_every_nodes_prudent_run_names_the_job_by_torchruns_rendezvous_id() -> None:
+    from prudent.supervisor import job_run_id
+
+    command = ["torchrun", "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-id", "job 42",
+               "train.py"]
+    assert job_run_id(command, "train") == "train-job-42"
+    assert job_run_id(["torchrun", "--rdzv_id=7", "train.py"], "train") == "train-7"
+    assert job_run_id(["torchrun", "--standalone", "train.py"], "train") is None
+    assert job_run_id(["python", "train.py"], "train") is None

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["AgreementPoster", "RankGroup", "Ranks", "StopCoordinator", "ranks_from_env"]
 
 MAX_AGREE_STEPS = 10_000
+_NODE_MARKS = ".nodes"  # the checkpoint location's folder of each start's node marks
 
 
 @dataclass(frozen=True)
@@ -220,11 +221,13 @@ class StopCoordinator(Component):
         run.defer_stops = False
 
     def _check_same_start(self, run: RunContext) -> None:
-        """Every rank resumed from the same checkpoint step (a node that could not see the
-        checkpoints starts from scratch while the others resume: DDP would then average the
-        gradients of two different models)."""
+        """Every node sees the checkpoint location, and every rank resumed from the same
+        checkpoint step (a node that could not see the checkpoints starts from scratch while
+        the others resume: DDP would then average the gradients of two different models)."""
         self._checked_start = True
         checkpoints = run.checkpoints
+        if self.ranks.num_nodes > 1 and checkpoints is not None:
+            self._check_shared_location(run, checkpoints.storage)
         mine = (run.state.step, getattr(checkpoints, "resumed_from", None))
         starts = self.group.all_gather(mine)
         if len(set(starts)) == 1:
@@ -236,6 +239,32 @@ class StopCoordinator(Component):
             "see the same checkpoint location. Point checkpoint.url (PRUDENT_CHECKPOINT_URL) "
             "at storage every node shares (a shared file system, s3://...), or remove the "
             "stray checkpoints"))
+
+    def _check_shared_location(self, run: RunContext, storage: Any) -> None:
+        """Each node's first rank leaves a mark in the checkpoint location and looks for the
+        others' (rank 0's token tells this start's marks from older ones): a folder local to
+        each node fails, and nothing trains on a location a resume would not find."""
+        import secrets
+
+        token = self.group.all_gather(secrets.token_hex(6) if self.ranks.is_main else None)[0]
+        node = int(os.environ.get("GROUP_RANK", 0))
+        leader = self.ranks.local_rank == 0
+        if leader:
+            storage.put(_NODE_MARKS, f"{token}-node{node}", b"")
+        self.group.all_gather(None)  # every node has left its mark
+        seen = sum(f.startswith(token) for f in storage.files(_NODE_MARKS)) if leader else None
+        views = self.group.all_gather((node, seen))
+        if self.ranks.is_main:
+            for other in range(self.ranks.num_nodes):
+                storage.delete_file(_NODE_MARKS, f"{token}-node{other}")
+        blind = sorted({n for n, count in views if count is not None and count < self.ranks.num_nodes})
+        if blind:
+            run.refuse(ConfigError(
+                f"the checkpoint location {storage.url!r} is not shared by the job's "
+                f"{self.ranks.num_nodes} nodes (node {', '.join(map(str, blind))} cannot see the "
+                "others' files in it): a resume would find no checkpoint, or another one, on "
+                "some nodes. Point checkpoint.url (PRUDENT_CHECKPOINT_URL) at storage every "
+                "node shares (a shared file system, s3://...)"))
 
     def _not_initialized(self, run: RunContext) -> None:
         run.defer_stops = False  # nothing to agree with: behave as a single process

@@ -15,6 +15,7 @@ refused before it started (exit code 2 before ``prudent.init`` recorded anything
 
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import sys
@@ -57,7 +58,8 @@ class Supervisor:
         self.command = list(command)
         self.settings = settings
         self.name = name
-        self.run_id = validate_run_id(run_id) if run_id else new_run_id(name or _guess(command))
+        self.run_id = validate_run_id(run_id or job_run_id(command, name or _guess(command))
+                                      or new_run_id(name or _guess(command)))
         self.overrides = dict(overrides or {})
         self.config_path = config_path
         if max_restarts < 0:
@@ -253,6 +255,23 @@ def _event(store: Store, run_id: str, name: str, message: str, **payload: Any) -
 def _last_step(store: Store, run_id: str) -> int:
     run = store.get_run(run_id)
     return int(run["step"] or 0) if run else 0
+
+
+def job_run_id(command: Sequence[str], name: str) -> str | None:
+    """The run id every node's ``prudent run`` derives alike from a torchrun command's
+    ``--rdzv-id`` (each node inventing its own would split one job into phantom runs, each
+    with checkpoints of its own): ``<name>-<rdzv id>``. None without one (``--standalone``
+    draws a new id per launch: not a job's)."""
+    rdzv_id = None
+    for i, arg in enumerate(command):
+        if arg in ("--rdzv-id", "--rdzv_id") and i + 1 < len(command):
+            rdzv_id = command[i + 1]
+        elif arg.startswith(("--rdzv-id=", "--rdzv_id=")):
+            rdzv_id = arg.split("=", 1)[1]
+    if not rdzv_id or rdzv_id == "none":
+        return None
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()[:40] or "run"
+    return f"{slug}-{re.sub(r'[^A-Za-z0-9._-]+', '-', rdzv_id)}"[:128]
 
 
 def _guess(command: Sequence[str]) -> str:

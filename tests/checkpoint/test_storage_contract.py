@@ -103,3 +103,12 @@ def test_a_bucket_that_does_not_exist_stops_the_run_before_it_trains(
         prudent.init(name="typo", settings=settings, exit_on_stop=False)  # before any step
     message = str(error.value)
     assert "s3://no-such-bucket-here/runs" in message and "checkpoint.url" in message
+
+
+def test_delete_file_removes_one_file_and_ignores_a_missing_one(storage: CheckpointStorage) -> None:
+    storage.put(".nodes", "a-node0", b"")
+    storage.put(".nodes", "a-node1", b"")
+    storage.delete_file(".nodes", "a-node0")
+    storage.delete_file(".nodes", "never-there")
+    assert storage.files(".nodes") == ["a-node1"]
+    assert storage.checkpoints() == []  # the marks' folder is no checkpoint

@@ -82,6 +82,10 @@ class CheckpointStorage(ABC):
     def files(self, name: str) -> list[str]:
         """The file names in folder ``name`` (none when it does not exist)."""
 
+    @abstractmethod
+    def delete_file(self, name: str, filename: str) -> None:
+        """Remove one file of folder ``name`` (nothing when it is not there)."""
+
     def read_many(self, name: str, filenames: list[str]) -> dict[str, bytes | None]:
         """Several files of folder ``name`` (None for one that cannot be read)."""
         return {filename: self.read(name, filename) for filename in filenames}
@@ -170,6 +174,9 @@ class LocalStorage(CheckpointStorage):
         staging.replace(folder / filename)
         _fsync_dir(folder)
 
+    def delete_file(self, name: str, filename: str) -> None:
+        (self.root / name / filename).unlink(missing_ok=True)
+
     def files(self, name: str) -> list[str]:
         folder = self.root / name
         if not folder.is_dir():
@@ -234,6 +241,12 @@ class FsspecStorage(CheckpointStorage):
 
     def put(self, name: str, filename: str, data: bytes) -> None:
         self.fs.pipe_file(f"{self.root}/{name}/{filename}", data)  # one PUT: whole or nothing
+
+    def delete_file(self, name: str, filename: str) -> None:
+        try:
+            self.fs.rm_file(f"{self.root}/{name}/{filename}")
+        except FileNotFoundError:
+            pass
 
     def files(self, name: str) -> list[str]:
         try:
