@@ -78,3 +78,26 @@ def test_a_flattened_preemption_is_relaunched_and_the_stop_of_the_last_attempt_w
         assert store.get_run("again")["restarts"] == 1
     finally:
         store.close()
+
+
+# ...under a launcher that, like torchrun, copies the failed worker's error file, with its exit
+# code, into its own (TORCHELASTIC_ERROR_FILE), then exits 1; its worker writes no record
+COPY_ERROR_FILE = """
+import json, os, subprocess, sys, tempfile
+own = os.environ["TORCHELASTIC_ERROR_FILE"]
+worker_file = os.path.join(tempfile.mkdtemp(), "error.json")
+env = {**os.environ, "TORCHELASTIC_ERROR_FILE": worker_file, "PRUDENT_RUN_ID": "elsewhere"}
+code = subprocess.call([sys.executable, "-c", sys.argv[1], sys.argv[2]], env=env)
+if code:
+    error = json.load(open(worker_file))
+    error["message"]["errorCode"] = code
+    json.dump(error, open(own, "w"))
+sys.exit(1 if code else 0)
+"""
+
+
+@pytest.mark.parametrize(("how", "expected"), [("preempted", 75), ("rule:non_finite", 3)])
+def test_a_node_without_the_record_exits_with_its_workers_code(
+        settings: ProjectSettings, how: str, expected: int) -> None:
+    command = [sys.executable, "-c", COPY_ERROR_FILE, TRAIN, how]
+    assert Supervisor(command, settings, run_id="node-b").run() == expected

@@ -28,7 +28,7 @@ from prudent.loop_times import LoopTimes
 from prudent.signals import SignalStopper
 from prudent.state import RunState
 from prudent.step_values import StepValues
-from prudent.stop import ExitCode, StopKind, StopReason
+from prudent.stop import ExitCode, StopKind, StopReason, tell_launcher
 from prudent.store import Store
 from prudent.store_writer import NullWriter, StoreWriter
 
@@ -550,6 +550,7 @@ class RunContext:
         if not self.exit_on_stop:
             raise exc
         print(f"prudent: error: {exc}", file=sys.stderr, flush=True)
+        tell_launcher(int(ExitCode.BAD_INPUT), f"bad input: {exc}")
         if self.store is None and self.world_size > 1:  # rank 0 writes the record first
             time.sleep(5.0)
         raise SystemExit(int(ExitCode.BAD_INPUT))

@@ -21,7 +21,7 @@ from prudent.context import RunContext
 from prudent.errors import ConfigError, StopRun
 from prudent.events import Event
 from prudent.state import RunState
-from prudent.stop import StopKind, StopReason
+from prudent.stop import StopKind, StopReason, tell_launcher
 
 __all__ = ["Run", "RunSettings"]
 
@@ -359,6 +359,7 @@ class Run:
         if isinstance(exc, StopRun):
             ctx.finish("stopped", exc.stop, exc.message)
             if ctx.exit_on_stop:
+                tell_launcher(exc.exit_code, exc.message)
                 raise SystemExit(exc.exit_code)
             return True
         if isinstance(exc, SystemExit) and exc.code in (0, None):

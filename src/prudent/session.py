@@ -24,7 +24,7 @@ from prudent.events import Component
 from prudent.hparams import apply_overrides
 from prudent.launch import LaunchSpec, host_name
 from prudent.run import Run
-from prudent.stop import StopKind, StopReason
+from prudent.stop import StopKind, StopReason, tell_launcher
 from prudent.store import Store
 from prudent.store_writer import StoreWriter
 from prudent.units import validate_run_id
@@ -77,6 +77,7 @@ def _bad_input(exc: ConfigError, exit_on_stop: bool) -> Run:
     if not exit_on_stop:
         raise exc
     print(f"prudent: error: {exc}", file=sys.stderr)
+    tell_launcher(int(ExitCode.BAD_INPUT), f"bad input: {exc}")
     wait_for_main_rank()
     raise SystemExit(int(ExitCode.BAD_INPUT)) from None
 

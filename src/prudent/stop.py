@@ -7,10 +7,15 @@ The string form is the documented ``stop_reason`` of ``prudent show --json`` and
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
-__all__ = ["ExitCode", "StopKind", "StopReason"]
+__all__ = ["ENV_LAUNCHER_ERROR_FILE", "ExitCode", "StopKind", "StopReason", "tell_launcher"]
+
+ENV_LAUNCHER_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 
 
 class ExitCode(IntEnum):
@@ -126,3 +131,20 @@ class StopReason:
     def ends_early(self) -> bool:
         """Stopped by the tuner or a rule before its planned end: the rest would be waste."""
         return self.kind in (StopKind.PRUNED, StopKind.RULE)
+
+
+def tell_launcher(code: int, message: str) -> None:
+    """Under torchrun, leave this worker's end in the error file torchrun gave it: torchrun
+    exits 1 whatever its workers' codes, but copies the first failed worker's file, with its
+    exit code, into its own error file, which ``prudent run`` reads (per node: the one way a
+    node whose ranks write no record tells its supervisor why they stopped)."""
+    path = os.environ.get(ENV_LAUNCHER_ERROR_FILE)
+    if not path or code == 0:
+        return
+    error = {"message": {"message": f"prudent: {message}",
+                         "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as stream:
+            json.dump(error, stream)
+    except OSError:
+        pass  # the exit code still says it on this node's own process

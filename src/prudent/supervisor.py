@@ -15,10 +15,13 @@ refused before it started (exit code 2 before ``prudent.init`` recorded anything
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import signal
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +33,7 @@ from prudent.events import EventKind
 from prudent.launch import LaunchSpec, host_name
 from prudent.session import new_run_id
 from prudent.spawn import SignalForwarder, spawn
-from prudent.stop import StopReason
+from prudent.stop import ENV_LAUNCHER_ERROR_FILE, StopReason
 from prudent.store import Store
 from prudent.units import validate_run_id
 
@@ -68,6 +71,9 @@ class Supervisor:
         self.restart_backoff_s = restart_backoff_s
         self.spec = spec or LaunchSpec()
         self.extra_env = dict(extra_env or {})
+        # torchrun's own error file (see _launched_code): the user's, or one of ours
+        self._error_file = os.environ.get(ENV_LAUNCHER_ERROR_FILE) or str(
+            Path(tempfile.gettempdir()) / f"prudent-{self.run_id}-{os.getpid()}-launcher.json")
         self.forwarder = SignalForwarder("prudent: third signal, killing the training process")
 
     @property
@@ -83,12 +89,15 @@ class Supervisor:
                 return self._supervise(store)
         finally:
             store.close()
+            if not os.environ.get(ENV_LAUNCHER_ERROR_FILE):
+                Path(self._error_file).unlink(missing_ok=True)
 
     def _supervise(self, store: Store) -> int:
         created = self._register(store)
         attempt = 0
         while True:
-            code = self._preempted_while_starting(store, self._launch_and_wait())
+            code = self._launched_code(self._launch_and_wait())
+            code = self._preempted_launcher(store, self._preempted_while_starting(store, code))
             if created and attempt == 0 and self._refused(store, code):
                 store.delete_run(self.run_id)  # nothing ran: no run to list
                 return code
@@ -179,9 +188,38 @@ class Supervisor:
                        overrides=self.overrides, supervised=True, settings=settings,
                        config_path=config_path or self.spec.config_path)
 
-    def _launch_and_wait(self) -> int:
+    def _preempted_launcher(self, store: Store, code: int) -> int:
+        """torchrun given the preemption notice this supervisor passed on: it sends it to its
+        workers (which stop, 75) and then exits 1 with no error file. On a node whose ranks
+        write no record (all but rank 0's) nothing else says so: a preempted run, exit 75."""
+        if code != ExitCode.ERROR or not PREEMPTION_SIGNALS & set(self.forwarder.signals):
+            return code
+        record = store.get_run(self.run_id)
+        if record is None or record["status"] != "running":
+            return code  # the record tells (rank 0's node): _job_code reads it
+        message = ("the launcher exited 1 after passing on the preemption notice to the "
+                   "training processes: a preempted run, resumed from its newest checkpoint")
+        print(f"prudent: {message} (exit {int(ExitCode.PREEMPTED)})", file=sys.stderr, flush=True)
+        return int(ExitCode.PREEMPTED)
+
+    def _launched_code(self, code: int) -> int:
+        """torchrun's 1 made this node's workers' code again: torchrun copies the first failed
+        worker's error file (prudent's workers write one when they stop, ``tell_launcher``),
+        with its exit code, into the file this supervisor gave it. The one way a node whose
+        ranks write no record (all but rank 0's) learns why they stopped."""
+        if code != ExitCode.ERROR:
+            return code
         try:
-            child = self.forwarder.add(spawn(self.command, self.child_spec(), extra=self.extra_env))
+            error = json.loads(Path(self._error_file).read_text())
+            return int(error["message"]["errorCode"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return code  # no file: a real crash (or no torchrun)
+
+    def _launch_and_wait(self) -> int:
+        Path(self._error_file).unlink(missing_ok=True)  # a previous launch's
+        extra = {ENV_LAUNCHER_ERROR_FILE: self._error_file, **self.extra_env}
+        try:
+            child = self.forwarder.add(spawn(self.command, self.child_spec(), extra=extra))
         except OSError as exc:
             print(f"prudent: error: cannot start {self.command[0]!r}: {exc.strerror}",
                   file=sys.stderr)
