@@ -35,7 +35,7 @@ def test_shards_saved_and_loaded_give_the_same_model_and_optimizer(tmp_path: Pat
         objects = {"model": model, "optimizer": optimizer, "plain": torch.nn.Linear(2, 2)}
         found = sharded_objects(objects)
         assert set(found) == {"model", "optimizer"} and found["optimizer"][0] is model
-        kept = save_sharded(found, str(tmp_path / "ckpt-3.shards"), None)
+        kept, _ = save_sharded(found, str(tmp_path / "ckpt-3.shards"), None)
         assert all(is_sharded_entry(entry) for entry in kept.values())
         assert kept["optimizer"]["plain"] and not any(
             isinstance(v, torch.Tensor) for v in kept["optimizer"]["plain"].values())
@@ -51,7 +51,7 @@ def test_missing_shards_name_the_folder_and_the_fix(tmp_path: Path) -> None:
     with one_rank_mesh(tmp_path) as mesh:
         _, model = sharded_mlp(mesh)
         found = sharded_objects({"model": model})
-        kept = save_sharded(found, str(tmp_path / "ckpt-1.shards"), None)
+        kept, _ = save_sharded(found, str(tmp_path / "ckpt-1.shards"), None)
         for path in (tmp_path / "ckpt-1.shards").iterdir():
             path.unlink()
         with pytest.raises(ConfigError, match=r"ckpt-1\.shards.*remove that checkpoint"):
@@ -61,3 +61,20 @@ def test_missing_shards_name_the_folder_and_the_fix(tmp_path: Path) -> None:
 def test_a_plain_module_holds_no_shards() -> None:
     assert not holds_shards(torch.nn.Linear(2, 2))
     assert not holds_shards(torch.zeros(2))
+
+
+def test_an_asynchronous_save_returns_before_the_write_and_is_what_the_model_was(
+        tmp_path: Path) -> None:
+    with one_rank_mesh(tmp_path) as mesh:
+        _, model = sharded_mlp(mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        _train(model, optimizer, 2)
+        found = sharded_objects({"model": model, "optimizer": optimizer})
+        expected = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+        kept, written = save_sharded(found, str(tmp_path / "ckpt-2.shards"), None,
+                                     asynchronous=True)
+        _train(model, optimizer, 1)  # the loop goes on while the shards are written
+        written.result()
+        load_sharded(found, kept, str(tmp_path), None)
+        for key, value in model.state_dict().items():
+            assert torch.equal(value.full_tensor(), expected[key])

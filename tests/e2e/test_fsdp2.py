@@ -70,7 +70,9 @@ def test_nan_on_one_fsdp2_rank_stops_every_rank(fsdp2: Project) -> None:
 @pytest.mark.slow
 def test_fsdp2_stopped_and_resumed_ends_with_the_same_full_model(fsdp2: Project) -> None:
     fsdp2.env.update({"PRUDENT_RANKS_AGREE_EVERY_S": "0", "PRUDENT_CHECKPOINT_EVERY": "20steps"})
-    (fsdp2.path / "prudent.yaml").write_text("checkpoint:\n  keep: 2\n")
+    # resumed from step 20's periodic checkpoint (no stop save), whose shards were written
+    # in the background while steps 21 on trained
+    (fsdp2.path / "prudent.yaml").write_text("checkpoint:\n  keep: 2\n  on_stop: false\n")
     reference = fsdp2.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
                               *torchrun(), timeout=300)
     assert reference.returncode == 0, reference.stderr
@@ -80,7 +82,7 @@ def test_fsdp2_stopped_and_resumed_ends_with_the_same_full_model(fsdp2: Project)
     assert resumed.returncode == 0, resumed.stderr
     shown = fsdp2.show("sharded")
     assert (shown["status"], shown["restarts"]) == ("completed", 1)
-    assert [e["step"] for e in shown["events"] if e["name"] == "resumed"] == [31]
+    assert [e["step"] for e in shown["events"] if e["name"] == "resumed"] == [20]
     assert_identical(final_state(fsdp2.path / "ref.pt"), final_state(fsdp2.path / "final.pt"))
     checkpoints = fsdp2.path / ".prudent" / "runs" / "sharded" / "checkpoints"
     # each checkpoint's shards beside it, one file per rank; older ones deleted with theirs

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.checkpoint.objects import check_saveable, restore_object, state_of
@@ -68,6 +69,8 @@ class Checkpointer(Component):
         self._sync_save_s: float | None = None
         self._writing = False  # a background write was started and its result not yet read
         self._proposed = False  # rank 0 asked the ranks for a save, not yet agreed
+        self._shards_future: Any = None  # this rank's shards being written (dcp.async_save)
+        self._shards_group: Any = None  # the gloo group DCP's background collectives use
         self._held = False  # a save was due on an epoch's last step: taken at the epoch's end
         self._pace = StepPace()  # the step time between the handler's sparse calls
         self.read_only = False  # torchrun ranks other than 0 restore but never write
@@ -237,6 +240,7 @@ class Checkpointer(Component):
         self.save(run, f"stop:{reason}", synchronous=True)
 
     def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
+        self.wait_for_shards()  # before the process ends: its thread would die mid-write
         if self.writer is not None:
             self.writer.wait()
             self._report(run, self.writer.completed())
@@ -255,9 +259,9 @@ class Checkpointer(Component):
         state = run.state
         started = time.perf_counter()
         every_rank = every_rank and _ranks_agree(run)
-        # sharded state (FSDP2): every rank writes its own shards now, beside the checkpoint
-        kept = save_sharded(sharded_objects(run.objects), self._shards_folder(state.step),
-                            _group_of(run)) if self._holds_shards(run, every_rank) else {}
+        # sharded state (FSDP2): every rank writes its own shards, beside the checkpoint
+        kept, shards_written = (self._save_shards(run, state.step, synchronous)
+                                if self._holds_shards(run, every_rank) else ({}, None))
         parts = run.rank_group.gather_to_main(rank_state(run)) if every_rank else None
         if self.read_only:
             if every_rank:  # took part: at the same position and schedule as rank 0
@@ -280,7 +284,7 @@ class Checkpointer(Component):
         prepared_s = time.perf_counter() - started
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
-                                  prepared_s=prepared_s)
+                                  prepared_s=prepared_s, before_commit=shards_written)
         if result is None:  # written in the background: its end is reported at a step's end,
             self._writing = True  # so a save made while asleep (at an epoch's end) wakes it
             run.sleep_until(self, state.step + 1)
@@ -295,6 +299,40 @@ class Checkpointer(Component):
             raise ConfigError("a sharded (FSDP2) model is saved by every rank together; a save "
                               "on one rank alone cannot hold it")
         return True
+
+    def _save_shards(self, run: RunContext, step: int,
+                     synchronous: bool) -> tuple[dict[str, Any], Callable[[], None] | None]:
+        """Start this rank's part of the shards (one write in flight per rank); returns what
+        ``state.pt`` keeps and, for rank 0's writer, what to wait for before the manifest."""
+        self.wait_for_shards()
+        asynchronous = self.settings.mode == "async"
+        group = _group_of(run)
+        if asynchronous and group is not None:
+            if self._shards_group is None:  # DCP's background collectives, apart from ours
+                import torch.distributed as dist
+
+                self._shards_group = dist.new_group(backend="gloo")
+            group = self._shards_group
+        kept, future = save_sharded(sharded_objects(run.objects), self._shards_folder(step),
+                                    group, asynchronous=asynchronous)
+        self._shards_future = future
+        if future is None:
+            return kept, None
+        if synchronous:
+            self.wait_for_shards()
+            return kept, None
+        return kept, future.result
+
+    def wait_for_shards(self) -> None:
+        """This rank's shards of the last save are written (or failed: rank 0's save then
+        reports it, as its manifest is never written)."""
+        future, self._shards_future = self._shards_future, None
+        if future is not None:
+            try:
+                future.result()
+            except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException included
+                print(f"prudent: warning: this rank's checkpoint shards failed: {exc}",
+                      file=sys.stderr)
 
     def _shards_folder(self, step: int) -> str:
         assert self.storage is not None

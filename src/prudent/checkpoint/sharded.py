@@ -52,10 +52,13 @@ def sharded_objects(objects: dict[str, Any]) -> dict[str, tuple[torch.nn.Module,
     return found
 
 
-def save_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], folder: str,
-                 group: Any) -> dict[str, Any]:
+def save_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], folder: str, group: Any,
+                 asynchronous: bool = False) -> tuple[dict[str, Any], Any]:
     """Every rank writes its shards of ``objects`` into ``folder`` (a collective); returns
-    what ``state.pt`` keeps for each key (the folder's name and the plain numbers)."""
+    what ``state.pt`` keeps for each key (the folder's name and the plain numbers) and, when
+    ``asynchronous``, the future of the write: ``dcp.async_save`` returns once the shards are
+    copied to host memory (the loop goes on; its next step cannot change what is written),
+    its thread writes them. ``group`` must then be one no other collective uses meanwhile."""
     import torch.distributed.checkpoint as dcp
 
     tensors: dict[str, Any] = {}
@@ -65,8 +68,10 @@ def save_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], folder: str,
         tensors.update({f"{key}/{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
         kept[key] = {_MARK: folder.rstrip("/").rsplit("/", 1)[-1],
                      "plain": {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}}
+    if asynchronous:
+        return kept, dcp.async_save(tensors, checkpoint_id=folder, process_group=group)
     dcp.save(tensors, checkpoint_id=folder, process_group=group)
-    return kept
+    return kept, None
 
 
 def is_sharded_entry(saved: Any) -> bool:

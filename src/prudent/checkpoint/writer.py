@@ -20,6 +20,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,20 +136,24 @@ class CheckpointWriter:
         self._buffers = SnapshotBuffers()
 
     def save(self, step: int, payload: dict[str, Any], meta: dict[str, Any],
-             synchronous: bool = False, prepared_s: float = 0.0) -> SaveResult | None:
+             synchronous: bool = False, prepared_s: float = 0.0,
+             before_commit: Callable[[], None] | None = None) -> SaveResult | None:
         """Snapshot now; write now (sync, returns the result) or in the background (None).
 
         ``prepared_s``: what building ``payload`` already cost the training thread (part of
-        the save's stall)."""
+        the save's stall). ``before_commit``: waited for before the manifest is written (the
+        shards every rank writes in the background: a checkpoint is complete with them)."""
         started = time.perf_counter() - prepared_s
         self.wait()  # at most one save in flight (and the buffers are free again)
         if synchronous or not self.asynchronous:  # the loop waits anyway: serialise live tensors
-            return self._write(step, payload, meta, 0.0, synchronous=True, prepared_s=prepared_s)
+            return self._write(step, payload, meta, 0.0, synchronous=True, prepared_s=prepared_s,
+                               before_commit=before_commit)
         snapshot = self._buffers.copy(payload)
         self._buffers.synchronize()
         stall_s = time.perf_counter() - started
         self._in_flight = threading.Thread(
-            target=lambda: self._results.put(self._write(step, snapshot, meta, stall_s)),
+            target=lambda: self._results.put(
+                self._write(step, snapshot, meta, stall_s, before_commit=before_commit)),
             name="prudent-checkpoint-writer", daemon=True)
         self._in_flight.start()
         return None
@@ -175,7 +180,8 @@ class CheckpointWriter:
         return self._in_flight is not None and self._in_flight.is_alive()
 
     def _write(self, step: int, snapshot: dict[str, Any], meta: dict[str, Any],
-               stall_s: float, synchronous: bool = False, prepared_s: float = 0.0) -> SaveResult:
+               stall_s: float, synchronous: bool = False, prepared_s: float = 0.0,
+               before_commit: Callable[[], None] | None = None) -> SaveResult:
         name = checkpoint_name(step)
         result = SaveResult(name=name, step=step, stall_s=stall_s)
         started = time.perf_counter()
@@ -188,6 +194,8 @@ class CheckpointWriter:
                 return result
             handle = self.storage.begin(name)
             digest, result.num_bytes = self._write_state(handle, snapshot)
+            if before_commit is not None:
+                before_commit()
             self._write_manifest(handle, step, digest, result.num_bytes, meta)
             result.path = self.storage.commit(handle)
             handle = None

@@ -46,7 +46,9 @@ with run, open(f"rank{rank}.log", "a") as log:
             norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
             opt.step()
             opt.zero_grad()
-            if rank == 1 and run.state.step + 1 == cfg["stop_rank1_at"]:
+            if rank == 1 and run.state.step + 1 == cfg["stop_rank1_at"] \
+                    and not os.path.exists("told.txt"):
+                open("told.txt", "w").close()  # once: a resumed attempt may train it again
                 run.context.request_stop("preempted", "rank 1 was told its machine goes away")
             log.write(f"{os.getpid()} {run.state.step + 1} {norm.full_tensor().item()!r}\n")
             log.flush()

@@ -1,0 +1,212 @@
+"""How long a checkpoint stops the training loop on each rank: ~200 MB of state, 2 ranks.
+
+Three ways, in one torchrun job, each repeated and timed on every rank:
+
+- ``rank0``: prudent's writer on rank 0 with a DDP model (every rank holds all of it; rank 0
+  copies it to host memory, a background thread writes it): what DDP runs use;
+- ``dcp``: ``torch.distributed.checkpoint.save`` of an FSDP2 model's and optimizer's shards,
+  every rank writing its own (what prudent does for sharded state): the loop waits for the
+  whole write;
+- ``dcp_async``: ``dcp.async_save`` of the same shards on a gloo group of its own: the loop
+  waits for the copy to host memory; the write goes on in a background thread.
+
+The stall is the training thread's wait (median over reps); "done" is until the files are
+complete. Reproduce (launches torchrun itself; CPU, gloo)::
+
+    python benchmarks/sharded_checkpoint.py             # ~200 MB of state, 3 reps, ~1 min
+    python benchmarks/sharded_checkpoint.py --width 2048 --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+MODES = ("rank0", "dcp", "dcp_async")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--width", type=int, default=1440, help="hidden width of the MLP")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--json", default="benchmarks/results/sharded_checkpoint.json")
+    args = parser.parse_args()
+    if "LOCAL_RANK" in os.environ:
+        worker(args)
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        env = {**os.environ, "BENCH_DIR": folder}
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc-per-node", str(args.ranks), __file__, *sys.argv[1:]],
+                       env=env, check=True)
+        result = json.loads((Path(folder) / "result.json").read_text())
+    report(result)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.json}")
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    folder = Path(os.environ["BENCH_DIR"])
+    timings: dict[str, dict[str, list[float]]] = {m: {"stall": [], "done": []} for m in MODES}
+    state_mb: dict[str, float] = {}
+    for rep in range(args.reps):
+        for mode in MODES:
+            stall, done, megabytes = SAVES[mode](args, folder / f"{mode}-{rep}")
+            timings[mode]["stall"].append(stall)
+            timings[mode]["done"].append(done)
+            state_mb[mode] = megabytes
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, timings)
+    if dist.get_rank() == 0:
+        result = {"width": args.width, "layers": args.layers, "reps": args.reps,
+                  "ranks": args.ranks, "state_mb": state_mb, "cores": os.cpu_count(),
+                  "per_rank": [{m: {k: statistics.median(v) for k, v in t[m].items()}
+                                for m in MODES} for t in everyone]}
+        (folder / "result.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def _model(args: argparse.Namespace) -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layers = [nn.Linear(args.width, args.width) for _ in range(args.layers)]
+    return nn.Sequential(*layers)
+
+
+def _trained(model: Any) -> Any:
+    """AdamW after one step: its two moments exist (the state is 3x the parameters)."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    width = next(model.parameters()).shape[-1]
+    model(torch.randn(2, width)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return optimizer
+
+
+def _megabytes(tensors: Any) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / 1e6
+
+
+def save_rank0(args: argparse.Namespace, folder: Path) -> tuple[float, float, float]:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from prudent.checkpoint.storage import LocalStorage
+    from prudent.checkpoint.writer import CheckpointWriter
+
+    model = DistributedDataParallel(_model(args))
+    optimizer = _trained(model)
+    megabytes = _megabytes([*model.parameters()]) * 3
+    dist.barrier()
+    started = time.perf_counter()
+    stall = done = 0.0
+    if dist.get_rank() == 0:
+        writer = CheckpointWriter(LocalStorage(folder), keep=1, asynchronous=True)
+        writer.save(1, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
+                    {"run_id": "bench"})
+        stall = time.perf_counter() - started
+        writer.wait()
+        done = time.perf_counter() - started
+    dist.barrier()
+    return stall, done, megabytes
+
+
+def _sharded(args: argparse.Namespace) -> tuple[Any, Any, float]:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = _model(args)
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = _trained(model)
+    megabytes = _megabytes([p.to_local() for p in model.parameters()]) * 3 * dist.get_world_size()
+    return model, optimizer, megabytes
+
+
+def _shards(model: Any, optimizer: Any) -> dict[str, Any]:
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_state, optimizer_state = get_state_dict(
+        model, optimizer, options=StateDictOptions(flatten_optimizer_state_dict=True))
+    tensors = {f"model/{k}": v for k, v in model_state.items()}
+    tensors.update({f"optimizer/{k}": v for k, v in optimizer_state.items()
+                    if isinstance(v, torch.Tensor)})
+    return tensors
+
+
+def save_dcp(args: argparse.Namespace, folder: Path) -> tuple[float, float, float]:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    model, optimizer, megabytes = _sharded(args)
+    group = dist.new_group(backend="gloo")
+    dist.barrier()
+    started = time.perf_counter()
+    dcp.save(_shards(model, optimizer), checkpoint_id=str(folder), process_group=group)
+    stall = done = time.perf_counter() - started
+    dist.barrier()
+    return stall, done, megabytes
+
+
+def save_dcp_async(args: argparse.Namespace, folder: Path) -> tuple[float, float, float]:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    model, optimizer, megabytes = _sharded(args)
+    group = dist.new_group(backend="gloo")
+    dist.barrier()
+    started = time.perf_counter()
+    future = dcp.async_save(_shards(model, optimizer), checkpoint_id=str(folder),
+                            process_group=group)
+    stall = time.perf_counter() - started
+    future.result()
+    done = time.perf_counter() - started
+    dist.barrier()
+    return stall, done, megabytes
+
+
+SAVES = {"rank0": save_rank0, "dcp": save_dcp, "dcp_async": save_dcp_async}
+
+
+def report(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"checkpoint stall per rank, {result['ranks']} ranks, "
+                  f"median of {result['reps']} (CPU, gloo, {result['cores']} cores)")
+    for column in ("way", "state MB", *(f"rank {r} stall / done s"
+                                        for r in range(result["ranks"]))):
+        table.add_column(column, justify="left" if column == "way" else "right")
+    for mode in MODES:
+        cells = [f"{rank[mode]['stall']:.2f} / {rank[mode]['done']:.2f}"
+                 for rank in result["per_rank"]]
+        table.add_row(mode, f"{result['state_mb'][mode]:.0f}", *cells)
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
