@@ -10,8 +10,8 @@ Three ways, in one torchrun job, each repeated and timed on every rank:
 - ``dcp_async``: ``dcp.async_save`` of the same shards on a gloo group of its own: the loop
   waits for the copy to host memory; the write goes on in a background thread.
 
-The stall is the training thread's wait (median over reps); "done" is until the files are
-complete. Reproduce (launches torchrun itself; CPU, gloo)::
+The stall is the training thread's wait (median over reps, after a first save that allocates
+what the next ones reuse); "done" is until the files are complete. Reproduce (launches torchrun itself; CPU, gloo)::
 
     python benchmarks/sharded_checkpoint.py             # ~200 MB of state, 3 reps, ~1 min
     python benchmarks/sharded_checkpoint.py --width 2048 --reps 5
@@ -65,12 +65,11 @@ def worker(args: argparse.Namespace) -> None:
     folder = Path(os.environ["BENCH_DIR"])
     timings: dict[str, dict[str, list[float]]] = {m: {"stall": [], "done": []} for m in MODES}
     state_mb: dict[str, float] = {}
-    for rep in range(args.reps):
-        for mode in MODES:
-            stall, done, megabytes = SAVES[mode](args, folder / f"{mode}-{rep}")
+    for mode in MODES:
+        saves, state_mb[mode] = SAVES[mode](args, folder / mode, args.reps + 1)
+        for stall, done in saves[1:]:  # the first allocates what the next ones reuse
             timings[mode]["stall"].append(stall)
             timings[mode]["done"].append(done)
-            state_mb[mode] = megabytes
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, timings)
     if dist.get_rank() == 0:
@@ -107,7 +106,8 @@ def _megabytes(tensors: Any) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / 1e6
 
 
-def save_rank0(args: argparse.Namespace, folder: Path) -> tuple[float, float, float]:
+def save_rank0(args: argparse.Namespace, folder: Path,
+               reps: int) -> tuple[list[tuple[float, float]], float]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -117,18 +117,21 @@ def save_rank0(args: argparse.Namespace, folder: Path) -> tuple[float, float, fl
     model = DistributedDataParallel(_model(args))
     optimizer = _trained(model)
     megabytes = _megabytes([*model.parameters()]) * 3
+    writer = CheckpointWriter(LocalStorage(folder), keep=1, asynchronous=True)
+    saves = []
+    for step in range(1, reps + 1):
+        dist.barrier()
+        started = time.perf_counter()
+        stall = done = 0.0
+        if dist.get_rank() == 0:
+            writer.save(step, {"model": model.module.state_dict(),
+                               "optimizer": optimizer.state_dict()}, {"run_id": "bench"})
+            stall = time.perf_counter() - started
+            writer.wait()
+            done = time.perf_counter() - started
+        saves.append((stall, done))
     dist.barrier()
-    started = time.perf_counter()
-    stall = done = 0.0
-    if dist.get_rank() == 0:
-        writer = CheckpointWriter(LocalStorage(folder), keep=1, asynchronous=True)
-        writer.save(1, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict()},
-                    {"run_id": "bench"})
-        stall = time.perf_counter() - started
-        writer.wait()
-        done = time.perf_counter() - started
-    dist.barrier()
-    return stall, done, megabytes
+    return saves, megabytes
 
 
 def _sharded(args: argparse.Namespace) -> tuple[Any, Any, float]:
@@ -158,35 +161,42 @@ def _shards(model: Any, optimizer: Any) -> dict[str, Any]:
     return tensors
 
 
-def save_dcp(args: argparse.Namespace, folder: Path) -> tuple[float, float, float]:
+def save_dcp(args: argparse.Namespace, folder: Path,
+             reps: int) -> tuple[list[tuple[float, float]], float]:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     model, optimizer, megabytes = _sharded(args)
     group = dist.new_group(backend="gloo")
+    saves = []
+    for rep in range(reps):
+        dist.barrier()
+        started = time.perf_counter()
+        dcp.save(_shards(model, optimizer), checkpoint_id=str(folder / f"ckpt-{rep}"),
+                 process_group=group)
+        saves.append((time.perf_counter() - started,) * 2)
     dist.barrier()
-    started = time.perf_counter()
-    dcp.save(_shards(model, optimizer), checkpoint_id=str(folder), process_group=group)
-    stall = done = time.perf_counter() - started
-    dist.barrier()
-    return stall, done, megabytes
+    return saves, megabytes
 
 
-def save_dcp_async(args: argparse.Namespace, folder: Path) -> tuple[float, float, float]:
+def save_dcp_async(args: argparse.Namespace, folder: Path,
+                   reps: int) -> tuple[list[tuple[float, float]], float]:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
     model, optimizer, megabytes = _sharded(args)
     group = dist.new_group(backend="gloo")
+    saves = []
+    for rep in range(reps):
+        dist.barrier()
+        started = time.perf_counter()
+        future = dcp.async_save(_shards(model, optimizer),
+                                checkpoint_id=str(folder / f"ckpt-{rep}"), process_group=group)
+        stall = time.perf_counter() - started
+        future.result()
+        saves.append((stall, time.perf_counter() - started))
     dist.barrier()
-    started = time.perf_counter()
-    future = dcp.async_save(_shards(model, optimizer), checkpoint_id=str(folder),
-                            process_group=group)
-    stall = time.perf_counter() - started
-    future.result()
-    done = time.perf_counter() - started
-    dist.barrier()
-    return stall, done, megabytes
+    return saves, megabytes
 
 
 SAVES = {"rank0": save_rank0, "dcp": save_dcp, "dcp_async": save_dcp_async}
