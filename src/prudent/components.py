@@ -25,6 +25,7 @@ from prudent.monitor.monitor import Monitor
 from prudent.preemption.watcher import PreemptionWatcher
 from prudent.preflight.probe import PreflightProbe
 from prudent.profile.component import Profiler
+from prudent.profile.straggler import StragglerWatch
 from prudent.record.sync import RecordSync
 from prudent.recorder import MetricsRecorder
 from prudent.tune.trial import trial_from_env, under_tuner
@@ -36,6 +37,14 @@ ComponentFactory = Callable[[ProjectSettings, LaunchSpec], "Component | None"]
 
 def _profiler(settings: ProjectSettings, spec: LaunchSpec) -> Component | None:
     return Profiler(settings.profile, quiet=_quiet(settings)) if settings.profile.enabled else None
+
+
+def _straggler_watch(settings: ProjectSettings, spec: LaunchSpec) -> Component | None:
+    """Under torchrun only, on every rank: each times itself, rank 0 compares them."""
+    profile = settings.profile
+    if not (profile.enabled and profile.straggler.enabled and ranks_from_env().is_distributed):
+        return None
+    return StragglerWatch(profile.straggler, quiet=_quiet(settings))
 
 
 def _debug_mode(settings: ProjectSettings, spec: LaunchSpec) -> Component | None:
@@ -63,6 +72,8 @@ def _quiet(settings: ProjectSettings) -> bool:
 DEFAULT_COMPONENTS: list[ComponentFactory] = [
     # first, so that its on_step_end closes the user's compute before other handlers run
     _profiler,
+    # under torchrun: names the rank the others wait for (compares on agreed steps)
+    _straggler_watch,
     # --debug: every event logged (early, so it logs an event before others act on it)
     _debug_mode,
     lambda settings, spec: MetricsRecorder(every_s=settings.store.flush_interval_s),

@@ -7,6 +7,7 @@
     sampler.py    SystemSampler: a thread sampling CPU, memory, disk, network, GPUs (gpu.py)
     diagnosis.py  findings with stable ids, evidence and a recommendation; their Thresholds
     trace.py      TraceWindow: torch.profiler over --profile-steps START:STOP
+    straggler.py  StragglerWatch: under torchrun, the rank the others wait for
     summary.py    the end-of-run summary, its console line and its table
     component.py  Profiler: the component that wires them to the run's events
     settings.py   ProfileSettings: ``profile:`` in prudent.yaml
@@ -23,6 +24,8 @@ __all__ = [
     "Profiler",
     "StepTimer",
     "StepWindow",
+    "StragglerSettings",
+    "StragglerWatch",
     "SystemSampler",
     "Thresholds",
     "diagnose",
@@ -36,6 +39,8 @@ _EXPORTS = {
     "Profiler": "prudent.profile.component",
     "StepTimer": "prudent.profile.timer",
     "StepWindow": "prudent.profile.settings",
+    "StragglerSettings": "prudent.profile.settings",
+    "StragglerWatch": "prudent.profile.straggler",
     "SystemSampler": "prudent.profile.sampler",
     "Thresholds": "prudent.profile.diagnosis",
     "diagnose": "prudent.profile.diagnosis",

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
+from prudent.errors import StoreError
 from prudent.events import Component, Event, EventKind
 from prudent.loop_times import TOKENS, LoopTimes, batch_size, token_count
 from prudent.pace import StepPace, steps_within
@@ -325,7 +326,8 @@ class Profiler(Component):
         findings = diagnose(facts, self.settings.thresholds)
         summary = build_summary(
             self.timer, self.sampler.samples, device=self._device,
-            findings=[f.to_dict() for f in findings], trace=self._trace_info,
+            findings=[f.to_dict() for f in findings] + _recorded_findings(run),
+            trace=self._trace_info,
             synced_steps=self._synced_summary(),
             gpu_note=self.sampler.gpu_note if self._cuda_index is not None else "",
             interval_s=self.settings.interval_s)
@@ -363,6 +365,22 @@ class Profiler(Component):
     def _say(self, run: RunContext, text: str) -> None:
         if not self.quiet and not run.refused:
             print(f"prudent | {run.id} | {text}", file=self._stream or sys.stderr, flush=True)
+
+
+def _recorded_findings(run: RunContext) -> list[dict[str, Any]]:
+    """Findings other components recorded during this attempt (under torchrun, the straggler
+    watch's), so that the summary line and ``prudent profile`` do not say "no bottleneck
+    found" beside them. Read back from the record, which only rank 0 has; a single process
+    has no such finding and reads nothing."""
+    if run.store is None or run.world_size < 2:
+        return []
+    run.writer.flush(timeout_s=5.0)
+    try:
+        events = run.store.events(run.id)
+    except StoreError:
+        return []  # the summary matters more than these
+    return [{"id": e["name"], "message": e["message"], "evidence": e["payload"]} for e in events
+            if e["kind"] == EventKind.FINDING.value and e["wall"] >= run.started_at]
 
 
 def _record_sample(run: RunContext, sample: dict[str, Any]) -> None:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prudent.errors import ConfigError
 from prudent.profile.diagnosis import Thresholds
+from prudent.units import parse_duration_s
 
-__all__ = ["ProfileSettings", "StepWindow", "parse_step_window"]
+__all__ = ["ProfileSettings", "StepWindow", "StragglerSettings", "parse_step_window"]
 
 _WINDOW = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
@@ -47,6 +48,33 @@ def _parse(text: str) -> tuple[StepWindow | None, str]:
     return StepWindow(start, stop), ""
 
 
+class StragglerSettings(BaseModel):
+    """``profile.straggler:`` in prudent.yaml: the rank that holds a torchrun job back
+    (:class:`~prudent.profile.straggler.StragglerWatch`; nothing in a single process)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="Under torchrun, compare the ranks' time outside "
+                          "collectives and name a rank that holds the others back (off with profile.enabled).")
+    interval_s: float = Field(30.0, gt=0, description="Seconds of training between two "
+                              "comparisons (\"30s\", \"5min\"): each gathers every rank's "
+                              "medians on rank 0, a few milliseconds.")
+    relative_score: float = Field(0.7, gt=0, lt=1, description="A rank is a straggler when the "
+                                  "other ranks' median time outside collectives is below this "
+                                  "fraction of its own (NVIDIA Resiliency Extension's relative "
+                                  "score threshold, 0.7)...")
+    min_excess_pct: float = Field(10.0, ge=0, le=100, description="...and the time it takes "
+                                  "beyond them is at least this % of the job's step time (half a "
+                                  "millisecond of a 100 ms step slows nobody).")
+    min_steps: int = Field(20, ge=1, description="Steps each rank must have timed since the last "
+                           "comparison for this one to judge.")
+
+    @field_validator("interval_s", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> float:
+        return parse_duration_s(value)
+
+
 class ProfileSettings(BaseModel):
     """``profile:`` in prudent.yaml (PRUDENT_PROFILE, PRUDENT_PROFILE_STEPS override it)."""
 
@@ -65,6 +93,9 @@ class ProfileSettings(BaseModel):
                               "(lazy initialisation makes them slow).")
     thresholds: Thresholds = Field(default_factory=Thresholds,
                                    description="When each finding fires.")
+    straggler: StragglerSettings = Field(default_factory=StragglerSettings,
+                                         description="Under torchrun: when a rank is named as "
+                                         "the one the job waits for.")
 
     @field_validator("steps")
     @classmethod
