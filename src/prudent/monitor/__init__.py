@@ -13,6 +13,7 @@
     actions.py     stop, reduce_lr, alert, capture, prune
     webhook.py     WebhookSender: alerts POSTed as JSON from a background thread
     watchdog.py    StallWatchdog: the clock behind the ``stalled`` rule
+    stall_stacks.py RankStacks: a stall's stacks, per rank under torchrun, the hung rank named
     monitor.py     Monitor: the component wiring them to the run's events
 """
 

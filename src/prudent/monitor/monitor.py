@@ -30,8 +30,9 @@ from prudent.monitor.actions import Action, Firing, RollbackAction, build_action
 from prudent.monitor.base import START_STEPS, EvalSample, Finding, Rule, Window
 from prudent.monitor.registry import RULES
 from prudent.monitor.settings import MonitorSettings
+from prudent.monitor.stall_stacks import PEER_WAIT_S, RankStacks
 from prudent.monitor.stats import StepStats, saved_loss
-from prudent.monitor.watchdog import StallWatchdog, dump_stacks
+from prudent.monitor.watchdog import StallWatchdog
 from prudent.monitor.webhook import WebhookSender
 from prudent.optimizer_step import put_back_step, replace_next_step
 from prudent.step_values import StepValues
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Monitor", "build_rules"]
 
-STACKS_FILE = "stalled-stacks.txt"
 _SAMPLED = frozenset({"layers", "activations"})
 _WAKE_SIGNAL = getattr(signal, "SIGUSR2", None)
 
@@ -559,16 +559,23 @@ class Monitor(Component):
         self._watchdog.start()
 
     def _on_stall(self, run: RunContext, idle_s: float, started: bool) -> bool:
-        rule = self.rules.get("stalled")
-        finding = rule.check_idle(idle_s, run.state.step, started) if rule else None  # type: ignore[attr-defined]
-        if finding is None:
+        rule: Any = self.rules.get("stalled")
+        step = run.state.step
+        if rule is None or rule.check_idle(idle_s, step, started) is None:
             return False
-        header = f"prudent: {finding.message}\nrun {run.id}, pid {os.getpid()}, {time.ctime()}"
+        # under torchrun each rank writes its own file, its verdict first; rank 0 then names
+        # the hung rank from its peers' files (it cannot ask them: one of them hangs)
+        stacks = RankStacks(run.run_dir, since=time.time() - idle_s)
+        finding = rule.check_idle(idle_s, step, started, stacks=stacks.note())
         try:
-            dump_stacks(run.run_dir / STACKS_FILE, header)
+            stacks.write(f"prudent: {finding.message}\nrun {run.id}, pid {os.getpid()}, "
+                         f"{time.ctime()}")
         except OSError as exc:
             run.record_event(EventKind.MONITOR, "stacks_not_written", f"cannot write stacks: {exc}")
-        self.fire(run, Firing("stalled", finding, run.state.step))
+        peers = stacks.peers_note(min(PEER_WAIT_S, rule.settings.timeout_s))
+        if peers is not None:
+            finding = rule.check_idle(idle_s, step, started, stacks=peers)
+        self.fire(run, Firing("stalled", finding, step))
         return True
 
     def _install_wake_handler(self) -> None:

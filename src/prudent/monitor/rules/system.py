@@ -191,8 +191,10 @@ class StalledSettings(RuleSettings):
 
 class StalledRule(Rule):
     """No progress for ``timeout_s``: every thread's stack goes to
-    ``<run dir>/stalled-stacks.txt``, then the action runs. The clock is watched by a thread
-    (``prudent.monitor.watchdog``), so this rule judges idle time rather than windows."""
+    ``<run dir>/stalled-stacks.txt`` (under torchrun ``stalled-stacks-rank{r}.txt``, saying
+    whether its rank is the hung one: ``prudent.monitor.stall_stacks``), then the action
+    runs. The clock is watched by a thread (``prudent.monitor.watchdog``), so this rule judges
+    idle time rather than windows."""
 
     name = "stalled"
     needs: frozenset[str] = frozenset()  # judged by the watchdog's clock
@@ -202,11 +204,14 @@ class StalledRule(Rule):
     def check(self, window: Window) -> Finding | None:
         return None  # the watchdog thread calls check_idle
 
-    def check_idle(self, idle_s: float, step: int, started: bool) -> Finding | None:
+    def check_idle(self, idle_s: float, step: int, started: bool,
+                   stacks: str = "stacks of every thread in stalled-stacks.txt") -> Finding | None:
+        """A finding once ``idle_s`` reaches the limit; ``stacks``: what it says of the stacks
+        written (the monitor's words: a rank's verdict under torchrun)."""
         limit = self.settings.timeout_s if started else self.settings.startup_timeout_s
         if idle_s < limit:
             return None
         where = f"after step {step}" if started else "before the first step"
         return Finding(step, idle_s, limit, (
             f"training stalled: no step for {idle_s:.3g} s {where} (timeout {limit:g} s); "
-            "stacks of every thread in stalled-stacks.txt"))
+            f"{stacks}"))
