@@ -6,6 +6,7 @@ the model an uninterrupted run ends with."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -31,6 +32,15 @@ def fsdp2(project: Project) -> Project:
     return project
 
 
+def assert_completed(project: Project, run: str, result: Any) -> None:
+    """Trained to the end, by the record: gloo under FSDP2 now and then aborts a worker in
+    destroy_process_group, after the record is closed (exit 1 from torchrun then; see
+    research/scale-out.md, "CI on CPU")."""
+    shown = project.show(run)
+    assert shown["status"] == "completed", result.stderr
+    assert result.returncode == 0 or "Signal 6 (SIGABRT)" in result.stderr, result.stderr
+
+
 def logged(project: Project, rank: int) -> dict[int, float]:
     """Step -> torch's global gradient norm, for each step the rank completed."""
     lines = (project.path / f"rank{rank}.log").read_text().splitlines()
@@ -40,7 +50,7 @@ def logged(project: Project, rank: int) -> dict[int, float]:
 @pytest.mark.slow
 def test_fsdp2_run_completes_with_the_global_gradient_norm_in_its_record(fsdp2: Project) -> None:
     result = fsdp2.prudent("run", "--run-id", "fsdp2", "--", *torchrun(), timeout=300)
-    assert result.returncode == 0, result.stderr
+    assert_completed(fsdp2, "fsdp2", result)
     shown = fsdp2.show("fsdp2")
     assert (shown["status"], shown["step"]) == ("completed", 100)
     expected = logged(fsdp2, 0)
@@ -75,11 +85,11 @@ def test_fsdp2_stopped_and_resumed_ends_with_the_same_full_model(fsdp2: Project)
     (fsdp2.path / "prudent.yaml").write_text("checkpoint:\n  keep: 2\n  on_stop: false\n")
     reference = fsdp2.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
                               *torchrun(), timeout=300)
-    assert reference.returncode == 0, reference.stderr
+    assert_completed(fsdp2, "reference", reference)
     resumed = fsdp2.prudent("run", "--run-id", "sharded", "--max-restarts", "1",
                             "--restart-backoff-s", "0.1", "--set", "stop_rank1_at=30",
                             "--set", "out=final.pt", "--", *torchrun(), timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
+    assert_completed(fsdp2, "sharded", resumed)
     shown = fsdp2.show("sharded")
     assert (shown["status"], shown["restarts"]) == ("completed", 1)
     assert [e["step"] for e in shown["events"] if e["name"] == "resumed"] == [20]
@@ -104,7 +114,7 @@ def test_fsdp2_shards_of_two_ranks_resume_on_one(fsdp2: Project) -> None:
     one_rank = [*torchrun()]
     one_rank[one_rank.index("--nproc-per-node") + 1] = "1"
     resumed = fsdp2.prudent("run", "--run-id", "shrink", "--", *one_rank, timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
+    assert_completed(fsdp2, "shrink", resumed)
     shown = fsdp2.show("shrink")
     # 31 steps on 2 ranks are 62 of epoch 1's 100 batches on one rank: 38 more, then 100
     assert (shown["status"], shown["step"]) == ("completed", 31 + 38 + 100)
