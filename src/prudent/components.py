@@ -36,7 +36,11 @@ ComponentFactory = Callable[[ProjectSettings, LaunchSpec], "Component | None"]
 
 
 def _profiler(settings: ProjectSettings, spec: LaunchSpec) -> Component | None:
-    return Profiler(settings.profile, quiet=_quiet(settings)) if settings.profile.enabled else None
+    """On every rank (each times its own loop); under torchrun only rank 0 prints its
+    summary: one line per job, not one per rank."""
+    if not settings.profile.enabled:
+        return None
+    return Profiler(settings.profile, quiet=_quiet(settings) or not ranks_from_env().is_main)
 
 
 def _straggler_watch(settings: ProjectSettings, spec: LaunchSpec) -> Component | None:
