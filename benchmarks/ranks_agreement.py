@@ -29,7 +29,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from prudent.events import Component
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torchrun_job import RESULT_ENV, run_as_job  # noqa: E402
 
 TARGET_US = 30.0
 ARMS = ("ddp", "kernel", "agreement", "blocking")
@@ -62,18 +64,10 @@ def launch(args: argparse.Namespace) -> None:
     """Run this file under torchrun, then print rank 0's table."""
     with tempfile.TemporaryDirectory() as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PRUDENT_")}
-        env.update(PRUDENT_HOME=home, PRUDENT_CONSOLE="off", PRUDENT_CHECKPOINT="false",
-                   BENCH_OUT=str(Path(home) / "result.json"))
+        env.update(PRUDENT_HOME=home, PRUDENT_CONSOLE="off", PRUDENT_CHECKPOINT="false")
         if args.agree_every_s is not None:
             env["PRUDENT_RANKS_AGREE_EVERY_S"] = str(args.agree_every_s)
-        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc-per-node", str(args.ranks), __file__, *sys.argv[1:]],
-                       env=env, check=True)
-        result = json.loads(Path(env["BENCH_OUT"]).read_text())
-    report(result)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.json}")
+        run_as_job(__file__, args.ranks, env, args.json, report)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -129,7 +123,7 @@ def worker(args: argparse.Namespace) -> None:
         result = summary(times, args)
         for arm in ARMS[1:]:
             result["arms"][arm]["in_run_step_us"] = in_step[arm] / (len(times[arm]) * args.block) * 1e6
-        Path(os.environ["BENCH_OUT"]).write_text(json.dumps(result))
+        Path(os.environ[RESULT_ENV]).write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
