@@ -326,6 +326,13 @@ class Store:
         stmt = runs.update().where(runs.c.id == run_id).values(**fields)
         self._retry(lambda: self._execute(stmt))
 
+    def close_if_running(self, run_id: str, **fields: Any) -> bool:
+        """``update_run`` only while the run is still ``running`` (one statement: a run its
+        own process closed meanwhile, rank 0 on another machine, keeps its own end)."""
+        stmt = runs.update().where(runs.c.id == run_id, runs.c.status == "running").values(
+            **fields)
+        return bool(self._retry(lambda: self._execute_count(stmt)))
+
     def count_restart(self, run_id: str) -> None:
         stmt = runs.update().where(runs.c.id == run_id).values(
             restarts=runs.c.restarts + 1, status="running", stop_reason=None, ended_at=None,
@@ -418,6 +425,11 @@ class Store:
     def _execute(self, stmt: sa.Executable, params: Any = None) -> None:
         with self._writer_engine.begin() as conn:
             conn.execute(stmt, params) if params is not None else conn.execute(stmt)
+
+    def _execute_count(self, stmt: sa.Executable) -> int:
+        """Rows the statement changed."""
+        with self._writer_engine.begin() as conn:
+            return int(conn.execute(stmt).rowcount)
 
     def delete_run(self, run_id: str) -> None:
         """Forget a run that never ran (refused before its first step): row, metrics, events."""

@@ -235,10 +235,12 @@ class Supervisor:
                 _event(store, self.run_id, "exit", f"process exited with code {code}", code=code)
                 return
             status, reason, message = _verdict(code)
+            if not store.close_if_running(self.run_id, status=status, stop_reason=reason,
+                                          ended_at=time.time(), exit_code=code):
+                _event(store, self.run_id, "exit", f"process exited with code {code}", code=code)
+                return  # closed meanwhile by its own process (rank 0, on another machine)
             _event(store, self.run_id, "end", message, status=status, stop_reason=reason,
                    code=code)
-            store.update_run(self.run_id, status=status, stop_reason=reason,
-                             ended_at=time.time(), exit_code=code)
         except StoreError as exc:  # the exit code still says how the run ended
             print(f"prudent: warning: run {self.run_id} exited with code {code} but the store "
                   f"could not record it: {exc}", file=sys.stderr)
