@@ -116,6 +116,14 @@ def test_run_lifecycle_fields(store: Store) -> None:
     assert [r["id"] for r in store.list_runs()] == ["r1"]
 
 
+def test_a_run_its_own_process_closed_is_not_closed_again(store: Store) -> None:
+    store.create_run("r1", "one", host="h")
+    assert store.close_if_running("r1", status="stopped", stop_reason="rule:non_finite")
+    assert not store.close_if_running("r1", status="stopped", stop_reason="rule:unknown")
+    record = store.get_run("r1")
+    assert record is not None and record["stop_reason"] == "rule:non_finite"
+
+
 def test_creating_a_run_another_machine_created_counts_an_attempt(store: Store) -> None:
     store.create_run("r1", "one", host="machine-a")
     store.create_run("r1", "one", host="machine-b")
