@@ -81,7 +81,8 @@ def run(
     supervisor = Supervisor(command or [], settings, run_id=run_id, name=name,
                             overrides=overrides, config_path=config, max_restarts=max_restarts,
                             restart_backoff_s=restart_backoff_s, spec=spec, extra_env=debug_env)
-    cost_commands.check_or_exit(settings)  # a job the policy forbids: exit 6, nothing written
+    # a job the policy forbids: exit 6, nothing written (a torchrun command: its processes)
+    cost_commands.check_or_exit(settings, command=command or [])
     raise typer.Exit(supervisor.run())
 
 

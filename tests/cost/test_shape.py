@@ -142,3 +142,24 @@ def test_the_meters_policy_check_sees_the_processes_and_an_explicit_nodes_wins(h
     assert (run.stop_reason, run.state.step) == ("policy", 0)  # 8 processes on 8 GPUs > 4
     (price,) = _events(home, run.id, "price")
     assert price["payload"]["nodes_from"] == "settings"
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    (["torchrun", "--nnodes", "2", "--nproc-per-node", "4", "train.py"], ("2", "4", "8")),
+    (["python", "-m", "torch.distributed.run", "--nnodes=1:3", "--nproc_per_node=2", "t.py"],
+     ("3", "2", "6")),
+    (["torchrun", "--standalone", "--nproc-per-node", "8", "train.py"], ("1", "8", "8")),
+])
+def test_a_torchrun_command_line_is_sized_as_its_workers_will_be(
+        command: list[str], expected: tuple[str, str, str]) -> None:
+    from prudent.cost.shape import torchrun_environ
+
+    shape = torchrun_environ(command)
+    assert (shape["GROUP_WORLD_SIZE"], shape["LOCAL_WORLD_SIZE"], shape["WORLD_SIZE"]) == expected
+
+
+def test_other_commands_and_gpu_per_node_are_left_to_the_workers() -> None:
+    from prudent.cost.shape import torchrun_environ
+
+    assert torchrun_environ(["python", "train.py", "--nnodes", "2"]) == {}
+    assert torchrun_environ(["torchrun", "--nproc-per-node", "gpu", "train.py"]) == {}

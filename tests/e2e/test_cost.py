@@ -128,3 +128,20 @@ def test_catalog_lists_dated_prices_as_json(project: Project) -> None:
     rows = json.loads(result.stdout)
     assert len(rows) >= 8 and {r["cloud"] for r in rows} == {"azure"}
     assert all(r["prices_as_of"] and r["on_demand_usd"] > r["spot_usd"] > 0 for r in rows)
+
+
+def test_the_policy_counts_the_gpus_a_torchrun_command_will_use(project: Project) -> None:
+    (project.path / "policy.yaml").write_text("max_gpus_per_job: 4\n")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    eight = project.prudent("run", "--policy", "policy.yaml", "--instance", "aws:p4d.24xlarge",
+                            "--", *torchrun, "--nproc-per-node", "8", script("cost_train.py"))
+    assert eight.returncode == 6, eight.stderr
+    assert "[max_gpus_per_job] 8 GPUs" in eight.stderr
+
+    from prudent.config import load_settings
+    from prudent.cost.launch import check_launch
+
+    settings = load_settings(overrides={("cost", "instance"): "aws:p4d.24xlarge",
+                                        ("cost", "policy_file"): str(project.path / "policy.yaml")})
+    two = check_launch(settings, command=[*torchrun, "--nproc-per-node", "2", "train.py"])
+    assert two.gpus == 2  # 2 processes on an 8-GPU machine: within the policy's 4

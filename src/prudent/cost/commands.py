@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,13 +39,14 @@ def cost_settings(instance: str | None, spot: bool | None, nodes: int | None,
             ("cost", "policy_file"): str(Path(policy).resolve()) if policy else None}
 
 
-def check_or_exit(settings: ProjectSettings, kind: str = "run", parallel: int = 1) -> None:
+def check_or_exit(settings: ProjectSettings, kind: str = "run", parallel: int = 1,
+                  command: Sequence[str] = ()) -> None:
     """Refuse a job the policy forbids: one line on stderr, exit 6, nothing written."""
     from prudent.cost.launch import check_launch
     from prudent.cost.policy import PolicyViolation
 
     try:
-        check_launch(settings, kind=kind, parallel=parallel)
+        check_launch(settings, kind=kind, parallel=parallel, command=command)
     except PolicyViolation as exc:
         print(f"prudent: error: {exc}", file=sys.stderr)
         raise typer.Exit(int(ExitCode.POLICY)) from None

@@ -5,6 +5,7 @@ It reads the store only if one exists already, so a refused job leaves nothing b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from prudent.cost.policy import (
     load_policy,
     project_spend,
 )
+from prudent.cost.shape import torchrun_environ, with_torchrun
 
 if TYPE_CHECKING:
     from prudent.config import ProjectSettings
@@ -26,11 +28,17 @@ if TYPE_CHECKING:
 __all__ = ["check_launch", "existing_spend"]
 
 
-def check_launch(settings: ProjectSettings, kind: str = "run", parallel: int = 1) -> Job:
-    """The job the settings describe; ConfigError on bad input, PolicyViolation if refused."""
+def check_launch(settings: ProjectSettings, kind: str = "run", parallel: int = 1,
+                 command: Sequence[str] = ()) -> Job:
+    """The job the settings describe; ConfigError on bad input, PolicyViolation if refused.
+
+    A torchrun ``command`` sizes the job as its workers will see it (machines from
+    ``--nnodes``, one GPU per process on GPU instances), as the meter will."""
     catalog = load_catalog(settings.cost)
     cost, _ = with_detected(settings.cost, settings.preemption, catalog)
     job = job_from_settings(cost, catalog, kind=kind, parallel=parallel)
+    job, _ = with_torchrun(job, cost, torchrun_environ(command),
+                           on_gpu=lambda: bool(job.instance and job.instance.num_gpus))
     policy = load_policy(settings)
     broken = check_job(policy, job, existing_spend(settings), catalog)
     if broken:

@@ -10,14 +10,15 @@ each process uses one GPU, and a node has no more GPUs than its instance type.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from prudent.cost.policy import Job
 from prudent.cost.settings import CostSettings
 
-__all__ = ["TorchrunShape", "torchrun_shape", "with_torchrun"]
+__all__ = ["TorchrunShape", "torchrun_environ", "torchrun_shape", "with_torchrun"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,37 @@ def torchrun_shape(environ: Mapping[str, str]) -> TorchrunShape | None:
     if min(nodes, per_node, world) < 1:
         return None
     return TorchrunShape(nodes, world, per_node)
+
+
+def torchrun_environ(command: Sequence[str]) -> dict[str, str]:
+    """The shape a torchrun command line will give its workers, as the environment they will
+    see (empty for any other command): for the policy's check before anything is launched,
+    which cannot read the workers' environment. ``--nnodes MIN:MAX`` counts MAX machines, the
+    most the job can hold; ``--nproc-per-node gpu``/``auto`` is left to the workers."""
+    if not any(Path(part).name in ("torchrun",) or part == "torch.distributed.run"
+               for part in command):
+        return {}
+    nodes, per_node = _option(command, "--nnodes") or "1", _option(command, "--nproc-per-node")
+    if "--standalone" in command:
+        nodes = "1"
+    try:
+        num_nodes, num_per_node = int(nodes.rsplit(":", 1)[-1]), int(per_node or "1")
+    except ValueError:
+        return {}
+    return {"GROUP_WORLD_SIZE": str(num_nodes), "LOCAL_WORLD_SIZE": str(num_per_node),
+            "WORLD_SIZE": str(num_nodes * num_per_node)}
+
+
+def _option(command: Sequence[str], name: str) -> str | None:
+    """``--name value``, ``--name=value`` or its underscore spelling, the last one given."""
+    spellings = (name, name.replace("-", "_").replace("__", "--"))
+    found = None
+    for i, part in enumerate(command):
+        if part in spellings and i + 1 < len(command):
+            found = command[i + 1]
+        elif part.split("=", 1)[0] in spellings and "=" in part:
+            found = part.split("=", 1)[1]
+    return found
 
 
 def with_torchrun(job: Job, cost: CostSettings, environ: Mapping[str, str],
