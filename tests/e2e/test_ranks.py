@@ -103,3 +103,27 @@ def test_ranks_that_resumed_from_different_checkpoints_are_refused(project: Proj
     assert "rank 1: step 0 (no checkpoint)" in again.stderr
     steps = [int(line.split()[1]) for line in (project.path / "rank0.log").read_text().splitlines()]
     assert max(steps) == 6  # nothing more was trained
+
+
+@pytest.mark.slow
+def test_torchrun_restarting_its_workers_resumes_them_from_the_newest_checkpoint(
+        project: Project) -> None:
+    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "10steps", "PRUDENT_CONSOLE": "off",
+                        **EVERY_STEP})
+    reference = project.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
+                                *torchrun("ddp_rank_seeds.py"), timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    for rank in (0, 1):
+        (project.path / f"rank{rank}.log").unlink()
+    # plain torchrun, no prudent run: the run id is torchrun's, the same for both attempts
+    command = [*torchrun("ddp_rank_seeds.py")]
+    command.insert(command.index("--standalone"), "--max-restarts=1")
+    project.env["PRUDENT_SET"] = '{"crash_rank1_at": 25}'  # what prudent run --set passes
+    # torch 2.13, gloo: restarted workers sharing torchrun's store fail to connect (stale
+    # addresses, with or without prudent); a store of their own per attempt works
+    project.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    crashed = project.python(*command[1:], timeout=300)
+    assert crashed.returncode == 0, crashed.stderr
+    first, second = losses(project.path / "rank1.log")
+    assert first[-1][0] == 24 and second[0][0] == 21  # crashed in step 25; resumed after 20
+    assert_identical(final_state(project.path / "ref.pt"), final_state(project.path / "final.pt"))

@@ -1,7 +1,7 @@
 """nanoGPT's shape under torchrun: each rank seeds its own stream (`1337 + rank`), draws its
 batches with `torch.randint` on the global generator inside `run.steps`, and trains a DDP
 model with dropout. `stop_rank1_at` makes rank 1 alone ask to stop (a preemption notice);
-`own_location` gives each rank a checkpoint folder of its own (two nodes that do not share
+`crash_rank1_at` makes rank 1 raise once at that step; `own_location` gives each rank a checkpoint folder of its own (two nodes that do not share
 their disks). Every rank logs `pid step loss` for the steps it completed; rank 0 saves the
 final weights to `out`."""
 
@@ -21,7 +21,8 @@ if os.environ.get("OWN_LOCATION"):
 
 import prudent  # noqa: E402
 
-run = prudent.init(name="seeds", config={"iters": 40, "stop_rank1_at": 0, "out": "final.pt"})
+run = prudent.init(name="seeds", config={"iters": 40, "stop_rank1_at": 0, "crash_rank1_at": 0,
+                                         "out": "final.pt"})
 cfg = run.config
 torch.manual_seed(1337 + rank)
 data = torch.randn(512, 16)
@@ -40,6 +41,9 @@ with run, open(f"rank{rank}.log", "a") as log:
         if rank == 1 and it + 1 == cfg["stop_rank1_at"] and not os.path.exists("told.txt"):
             open("told.txt", "w").close()  # once: a resumed attempt may train this step again
             run.context.request_stop("preempted", "rank 1 was told its machine goes away")
+        if rank == 1 and it + 1 == cfg["crash_rank1_at"] and not os.path.exists("crashed.txt"):
+            open("crashed.txt", "w").close()  # once: torchrun restarts the workers
+            raise RuntimeError("rank 1 crashed")
         log.write(f"{os.getpid()} {it + 1} {loss.item():.8f}\n")
         log.flush()
         run.step(loss=loss)
