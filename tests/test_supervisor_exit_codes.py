@@ -101,3 +101,16 @@ def test_a_node_without_the_record_exits_with_its_workers_code(
         settings: ProjectSettings, how: str, expected: int) -> None:
     command = [sys.executable, "-c", COPY_ERROR_FILE, TRAIN, how]
     assert Supervisor(command, settings, run_id="node-b").run() == expected
+
+
+@pytest.mark.parametrize(("environ", "wait_s"), [
+    ({}, 0.0),  # one process
+    ({"RANK": "1", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1"}, 5.0),  # rank 0 writes first
+    ({"RANK": "0", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "2"}, 2.0),  # hosts the rendezvous
+    ({"RANK": "2", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}, 0.0),  # another node: at once
+])
+def test_refusing_ranks_leave_in_the_order_that_lets_every_node_report_2(
+        environ: dict[str, str], wait_s: float) -> None:
+    from prudent.stop import refusal_exit_wait_s
+
+    assert refusal_exit_wait_s(environ) == wait_s

@@ -28,7 +28,7 @@ from prudent.loop_times import LoopTimes
 from prudent.signals import SignalStopper
 from prudent.state import RunState
 from prudent.step_values import StepValues
-from prudent.stop import ExitCode, StopKind, StopReason, tell_launcher
+from prudent.stop import ExitCode, StopKind, StopReason, refusal_exit_wait_s, tell_launcher
 from prudent.store import Store
 from prudent.store_writer import NullWriter, StoreWriter
 
@@ -551,8 +551,7 @@ class RunContext:
             raise exc
         print(f"prudent: error: {exc}", file=sys.stderr, flush=True)
         tell_launcher(int(ExitCode.BAD_INPUT), f"bad input: {exc}")
-        if self.store is None and self.world_size > 1:  # rank 0 writes the record first
-            time.sleep(5.0)
+        time.sleep(refusal_exit_wait_s())  # under torchrun: each node's code reaches prudent run
         raise SystemExit(int(ExitCode.BAD_INPUT))
 
     @property

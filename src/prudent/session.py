@@ -24,7 +24,7 @@ from prudent.events import Component
 from prudent.hparams import apply_overrides
 from prudent.launch import LaunchSpec, host_name
 from prudent.run import Run
-from prudent.stop import StopKind, StopReason, tell_launcher
+from prudent.stop import StopKind, StopReason, refusal_exit_wait_s, tell_launcher
 from prudent.store import Store
 from prudent.store_writer import StoreWriter
 from prudent.units import validate_run_id
@@ -78,16 +78,8 @@ def _bad_input(exc: ConfigError, exit_on_stop: bool) -> Run:
         raise exc
     print(f"prudent: error: {exc}", file=sys.stderr)
     tell_launcher(int(ExitCode.BAD_INPUT), f"bad input: {exc}")
-    wait_for_main_rank()
+    time.sleep(refusal_exit_wait_s())  # under torchrun: each node's code reaches prudent run
     raise SystemExit(int(ExitCode.BAD_INPUT)) from None
-
-
-def wait_for_main_rank(seconds: float = 5.0) -> None:
-    """Under torchrun, a rank other than 0 that refuses the run gives rank 0 (which refuses
-    too, as a rule) time to write the record first: the first worker to exit makes torchrun
-    end the others, and the record is what tells ``prudent run`` the job's exit code."""
-    if ranks_from_env().rank > 0:
-        time.sleep(seconds)
 
 
 def new_run_id(name: str) -> str:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
-__all__ = ["ENV_LAUNCHER_ERROR_FILE", "ExitCode", "StopKind", "StopReason", "tell_launcher"]
+__all__ = ["ENV_LAUNCHER_ERROR_FILE", "ExitCode", "StopKind", "StopReason",
+           "refusal_exit_wait_s", "tell_launcher"]
 
 ENV_LAUNCHER_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 
@@ -148,3 +150,16 @@ def tell_launcher(code: int, message: str) -> None:
             json.dump(error, stream)
     except OSError:
         pass  # the exit code still says it on this node's own process
+
+
+def refusal_exit_wait_s(environ: Mapping[str, str] | None = None) -> float:
+    """How long a rank that refuses the run (bad input: every rank refuses alike) waits before
+    it exits, so that each node's ``prudent run`` learns the code. The first worker to exit
+    makes its torchrun end the others: the ranks on rank 0's node wait for rank 0 to write the
+    record (5 s); with several nodes rank 0 waits too (2 s), since its node's torchrun hosts the
+    rendezvous and the other nodes' torchruns must pass their workers' code on before it goes."""
+    env = os.environ if environ is None else environ
+    rank, node = int(env.get("RANK", 0)), int(env.get("GROUP_RANK", 0))
+    if rank == 0:
+        return 2.0 if int(env.get("GROUP_WORLD_SIZE", 1)) > 1 else 0.0
+    return 5.0 if node == 0 else 0.0
