@@ -114,3 +114,20 @@ def test_refusing_ranks_leave_in_the_order_that_lets_every_node_report_2(
     from prudent.stop import refusal_exit_wait_s
 
     assert refusal_exit_wait_s(environ) == wait_s
+
+
+# ...under a launcher whose error file names a worker it SIGTERMed itself (-15) once rank 0
+# had exited 75 (torchrun, 4 ranks on a busy machine), then exits 1
+KILLED_SIBLING = """
+import json, os, subprocess, sys
+subprocess.call([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+error = {"message": {"message": "", "errorCode": -15}}
+json.dump(error, open(os.environ["TORCHELASTIC_ERROR_FILE"], "w"))
+sys.exit(1)
+"""
+
+
+def test_a_worker_torchrun_killed_after_another_stopped_does_not_hide_the_records_code(
+        settings: ProjectSettings) -> None:
+    command = [sys.executable, "-c", KILLED_SIBLING, TRAIN, "preempted"]
+    assert Supervisor(command, settings, run_id="killed").run() == 75

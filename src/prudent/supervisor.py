@@ -211,9 +211,12 @@ class Supervisor:
             return code
         try:
             error = json.loads(Path(self._error_file).read_text())
-            return int(error["message"]["errorCode"])
+            worker_code = int(error["message"]["errorCode"])
         except (OSError, ValueError, KeyError, TypeError):
             return code  # no file: a real crash (or no torchrun)
+        # a worker torchrun itself ended (SIGTERM once another worker had exited, even with
+        # 75) says nothing of the job: the record, or the 1, does
+        return worker_code if worker_code > 0 else code
 
     def _launch_and_wait(self) -> int:
         Path(self._error_file).unlink(missing_ok=True)  # a previous launch's
