@@ -1,9 +1,9 @@
 """nanoGPT's shape under torchrun: each rank seeds its own stream (`1337 + rank`), draws its
 batches with `torch.randint` on the global generator inside `run.steps`, and trains a DDP
 model with dropout. `stop_rank1_at` makes rank 1 alone ask to stop (a preemption notice);
-`crash_rank1_at` makes rank 1 raise once at that step; `own_location` gives each rank a checkpoint folder of its own (two nodes that do not share
-their disks). Every rank logs `pid step loss` for the steps it completed; rank 0 saves the
-final weights to `out`."""
+`crash_rank1_at` makes rank 1 raise once at that step; `OWN_LOCATION` gives each rank a
+checkpoint folder of its own (two nodes that do not share their disks). Every rank logs
+`pid step loss` for the steps it completed; rank 0 saves the final weights to `out`."""
 
 import os
 
