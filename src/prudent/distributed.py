@@ -75,13 +75,17 @@ class RankGroup:
     def __init__(self, ranks: Ranks) -> None:
         self.ranks = ranks
         self._group: Any = None
+        self._ready = False
 
     @property
     def ready(self) -> bool:
-        """The script has initialised torch.distributed: collectives can run."""
-        import torch.distributed as dist
+        """The script has initialised torch.distributed: collectives can run (asked every
+        step: once true, remembered)."""
+        if not self._ready:
+            import torch.distributed as dist
 
-        return dist.is_available() and dist.is_initialized()
+            self._ready = dist.is_available() and dist.is_initialized()
+        return self._ready
 
     @property
     def group(self) -> Any:
@@ -99,10 +103,6 @@ class RankGroup:
         tensor = torch.tensor(flags, dtype=torch.int32)
         work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return PendingFlags(work, tensor)
-
-    def any(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is true on any (blocking: for rare moments)."""
-        return bool(self.post_flags(int(flag)).result()[0])
 
     def from_main(self, value: bool) -> bool:
         """Rank 0's ``value`` on every rank (blocking: for rare moments such as an epoch end)."""

@@ -29,7 +29,7 @@ from prudent.store import Store
 from prudent.store_writer import StoreWriter
 from prudent.units import validate_run_id
 
-__all__ = ["init", "new_run_id"]
+__all__ = ["init", "job_run_id", "new_run_id"]
 
 
 def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
@@ -83,7 +83,7 @@ def _bad_input(exc: ConfigError, exit_on_stop: bool) -> Run:
 
 
 def new_run_id(name: str) -> str:
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()[:40] or "run"
+    slug = _slug(name)
     return f"{slug}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
@@ -99,8 +99,17 @@ def _shared_run_id(name: str | None, ranks: Ranks,
     job_id = next((i for i in ids if i and i != "none"), None)
     if not ranks.is_distributed or job_id is None:
         return new_run_id(name or _script_name())
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", name or _script_name()).strip("-").lower()[:40]
-    return f"{slug or 'run'}-{re.sub(r'[^A-Za-z0-9._-]+', '-', job_id)}"[:128]
+    return job_run_id(name or _script_name(), job_id)
+
+
+def job_run_id(name: str, job_id: str) -> str:
+    """``<name>-<job id>``: the run id every node of one job derives alike from its
+    launcher's id (characters a run id cannot hold become '-')."""
+    return f"{_slug(name)}-{re.sub(r'[^A-Za-z0-9._-]+', '-', job_id)}"[:128]
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()[:40] or "run"
 
 
 def _register(store: Store, run_id: str, name: str, config: dict[str, Any],

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import sys
@@ -31,6 +30,7 @@ from prudent.config import ProjectSettings
 from prudent.errors import ConfigError, ExitCode, StoreError
 from prudent.events import EventKind
 from prudent.launch import LaunchSpec, host_name
+from prudent.session import job_run_id as session_job_run_id
 from prudent.session import new_run_id
 from prudent.spawn import SignalForwarder, spawn
 from prudent.stop import ENV_LAUNCHER_ERROR_FILE, StopReason
@@ -313,8 +313,7 @@ def job_run_id(command: Sequence[str], name: str) -> str | None:
             rdzv_id = arg.split("=", 1)[1]
     if not rdzv_id or rdzv_id == "none":
         return None
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()[:40] or "run"
-    return f"{slug}-{re.sub(r'[^A-Za-z0-9._-]+', '-', rdzv_id)}"[:128]
+    return session_job_run_id(name, rdzv_id)
 
 
 def _guess(command: Sequence[str]) -> str:

@@ -46,6 +46,12 @@ def script(name: str) -> str:
     return str(SCRIPTS / name)
 
 
+def torchrun_command(name: str, num_ranks: int = 2) -> list[str]:
+    """torchrun on this machine (``--standalone``) running the e2e script ``name``."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            str(num_ranks), script(name)]
+
+
 def child_of(supervisor: subprocess.Popen[str], previous: int | None,
              timeout: float = 60) -> psutil.Process:
     """The training process ``prudent run`` launched (a new one, not ``previous``)."""

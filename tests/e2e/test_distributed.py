@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, torchrun_command
 from tests.e2e.test_resume import assert_identical, attempts, final_state
 
 # the ranks agree at every step (by default about every 0.2 s of training, which on these
@@ -16,8 +14,7 @@ EVERY_STEP = {"PRUDENT_RANKS_AGREE_EVERY_S": "0"}
 
 
 def torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            script("ddp_train.py"), *args]
+    return [*torchrun_command("ddp_train.py"), *args]
 
 
 @pytest.mark.slow

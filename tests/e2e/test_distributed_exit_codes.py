@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, torchrun_command
 
 
 def torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            script("ddp_exit_codes.py"), *args]
+    return [*torchrun_command("ddp_exit_codes.py"), *args]
 
 
 @pytest.fixture

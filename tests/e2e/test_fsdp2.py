@@ -5,19 +5,17 @@ the model an uninterrupted run ends with."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import pytest
 import torch
 
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, torchrun_command
 from tests.e2e.test_resume import assert_identical, final_state
 
 
 def torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            script("fsdp2_train.py"), *args]
+    return [*torchrun_command("fsdp2_train.py"), *args]
 
 
 @pytest.fixture

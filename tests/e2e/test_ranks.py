@@ -4,13 +4,12 @@ resumed from different checkpoints never train together."""
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, torchrun_command
 from tests.e2e.test_resume import assert_identical, final_state
 
 # the ranks agree at every step (by default about every 0.2 s of training, which on these
@@ -20,8 +19,7 @@ EVERY_STEP = {"PRUDENT_RANKS_AGREE_EVERY_S": "0"}
 
 
 def torchrun(name: str, num_ranks: int = 2) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-            str(num_ranks), script(name)]
+    return torchrun_command(name, num_ranks)
 
 
 def losses(log: Path) -> list[list[tuple[int, str]]]:

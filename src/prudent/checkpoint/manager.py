@@ -260,8 +260,9 @@ class Checkpointer(Component):
         started = time.perf_counter()
         every_rank = every_rank and _ranks_agree(run)
         # sharded state (FSDP2): every rank writes its own shards, beside the checkpoint
-        kept, shards_written = (self._save_shards(run, state.step, synchronous)
-                                if self._holds_shards(run, every_rank) else ({}, None))
+        sharded = self._sharded_to_save(run, every_rank)
+        kept, shards_written = (self._save_shards(run, sharded, state.step, synchronous)
+                                if sharded else ({}, None))
         parts = run.rank_group.gather_to_main(rank_state(run)) if every_rank else None
         if self.read_only:
             if every_rank:  # took part: at the same position and schedule as rank 0
@@ -292,15 +293,15 @@ class Checkpointer(Component):
         if result is not None:
             self._report(run, [result])
 
-    def _holds_shards(self, run: RunContext, every_rank: bool) -> bool:
-        if not sharded_objects(run.objects):
-            return False
-        if self.ranks.is_distributed and not every_rank:
+    def _sharded_to_save(self, run: RunContext, every_rank: bool) -> dict[str, Any]:
+        """The attached objects saved through DCP (none: the usual path)."""
+        sharded = sharded_objects(run.objects)
+        if sharded and self.ranks.is_distributed and not every_rank:
             raise ConfigError("a sharded (FSDP2) model is saved by every rank together; a save "
                               "on one rank alone cannot hold it")
-        return True
+        return sharded
 
-    def _save_shards(self, run: RunContext, step: int,
+    def _save_shards(self, run: RunContext, sharded: dict[str, Any], step: int,
                      synchronous: bool) -> tuple[dict[str, Any], Callable[[], None] | None]:
         """Start this rank's part of the shards (one write in flight per rank); returns what
         ``state.pt`` keeps and, for rank 0's writer, what to wait for before the manifest."""
@@ -313,8 +314,8 @@ class Checkpointer(Component):
 
                 self._shards_group = dist.new_group(backend="gloo")
             group = self._shards_group
-        kept, future = save_sharded(sharded_objects(run.objects), self._shards_folder(step),
-                                    group, asynchronous=asynchronous)
+        kept, future = save_sharded(sharded, self._shards_folder(step), group,
+                                    asynchronous=asynchronous)
         self._shards_future = future
         if future is None:
             return kept, None
