@@ -129,7 +129,7 @@ class Checkpointer(Component):
                      "batches into it")
         run.record_event(EventKind.CHECKPOINT, "resumed", f"resumed from {name}: {where}",
                          checkpoint=name)
-        if not self.quiet:  # a relaunched script says where it picks up, not only the record
+        if not self.quiet and self.ranks.is_main:  # where a relaunch picks up: once per job
             print(f"prudent | {run.id} | resumed from {name}: {where}",
                   file=self._stream or sys.stderr, flush=True)
 
