@@ -28,7 +28,7 @@ from prudent.loop_times import LoopTimes
 from prudent.signals import SignalStopper
 from prudent.state import RunState
 from prudent.step_values import StepValues
-from prudent.stop import ExitCode, StopKind, StopReason, refusal_exit_wait_s, tell_launcher
+from prudent.stop import ExitCode, StopKind, StopReason, exit_bad_input
 from prudent.store import Store
 from prudent.store_writer import NullWriter, StoreWriter
 
@@ -549,10 +549,7 @@ class RunContext:
                     f"bad input: {exc}")
         if not self.exit_on_stop:
             raise exc
-        print(f"prudent: error: {exc}", file=sys.stderr, flush=True)
-        tell_launcher(int(ExitCode.BAD_INPUT), f"bad input: {exc}")
-        time.sleep(refusal_exit_wait_s())  # under torchrun: each node's code reaches prudent run
-        raise SystemExit(int(ExitCode.BAD_INPUT))
+        exit_bad_input(str(exc))
 
     @property
     def closed(self) -> bool:

@@ -19,12 +19,12 @@ from typing import Any
 from prudent.config import ProjectSettings, load_settings
 from prudent.context import RunContext
 from prudent.distributed import Ranks, ranks_from_env
-from prudent.errors import ConfigError, ExitCode
+from prudent.errors import ConfigError
 from prudent.events import Component
 from prudent.hparams import apply_overrides
 from prudent.launch import LaunchSpec, host_name
 from prudent.run import Run
-from prudent.stop import StopKind, StopReason, refusal_exit_wait_s, tell_launcher
+from prudent.stop import StopKind, StopReason, exit_bad_input
 from prudent.store import Store
 from prudent.store_writer import StoreWriter
 from prudent.units import validate_run_id
@@ -76,10 +76,7 @@ def _bad_input(exc: ConfigError, exit_on_stop: bool) -> Run:
     """A bad setting or override: one line naming the fix, exit code 2 (or raise)."""
     if not exit_on_stop:
         raise exc
-    print(f"prudent: error: {exc}", file=sys.stderr)
-    tell_launcher(int(ExitCode.BAD_INPUT), f"bad input: {exc}")
-    time.sleep(refusal_exit_wait_s())  # under torchrun: each node's code reaches prudent run
-    raise SystemExit(int(ExitCode.BAD_INPUT)) from None
+    exit_bad_input(str(exc))
 
 
 def new_run_id(name: str) -> str:

@@ -13,9 +13,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from typing import NoReturn
 
 __all__ = ["ENV_LAUNCHER_ERROR_FILE", "ExitCode", "StopKind", "StopReason",
-           "refusal_exit_wait_s", "tell_launcher"]
+           "exit_bad_input", "refusal_exit_wait_s", "tell_launcher"]
 
 ENV_LAUNCHER_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 
@@ -150,6 +151,17 @@ def tell_launcher(code: int, message: str) -> None:
             json.dump(error, stream)
     except OSError:
         pass  # the exit code still says it on this node's own process
+
+
+def exit_bad_input(message: str) -> NoReturn:
+    """Refuse the run: one line naming the fix, the launcher told, exit 2 (under torchrun in
+    the order that lets every node's ``prudent run`` say 2, ``refusal_exit_wait_s``)."""
+    import sys
+
+    print(f"prudent: error: {message}", file=sys.stderr, flush=True)
+    tell_launcher(int(ExitCode.BAD_INPUT), f"bad input: {message}")
+    time.sleep(refusal_exit_wait_s())
+    raise SystemExit(int(ExitCode.BAD_INPUT))
 
 
 def refusal_exit_wait_s(environ: Mapping[str, str] | None = None) -> float:
