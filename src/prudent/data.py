@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-__all__ = ["epoch_start_state", "loader_generator_states", "restore_loader_generators",
-           "resume_iterator", "shards_by_rank"]
+__all__ = ["continue_epoch_at", "epoch_start_state", "loader_generator_states",
+           "restore_loader_generators", "resume_iterator", "shards_by_rank"]
 
 
 def epoch_start_state(loader: Iterable[Any]) -> dict[str, Any]:
@@ -70,6 +70,43 @@ def shards_by_rank(loader: Iterable[Any]) -> bool:
     return isinstance(sampler, DistributedSampler) or isinstance(inner, DistributedSampler)
 
 
+def continue_epoch_at(loader: Iterable[Any], start: int,
+                      after_start: Callable[[], None]) -> DataLoader[Any] | None:
+    """The rest of a ``DistributedSampler`` epoch from global sample ``start`` on, dealt over
+    this world's ranks as the sampler deals a whole epoch (None: not such a loader).
+
+    Whatever the number of ranks, the ranks' first batches together are a prefix of the
+    epoch's one order (the sampler interleaves it): ``start`` samples trained on any world,
+    or on several one after another, are the order's first ``start``. The rest is dealt
+    rank by rank again, each sample once; only where a rank would then take a step fewer
+    than the others is it padded as the sampler pads (cut, with its ``drop_last``)."""
+    from torch.utils.data import BatchSampler, DistributedSampler
+
+    sampler = getattr(loader, "sampler", None)
+    if type(loader) is not DataLoader or type(sampler) is not DistributedSampler \
+            or loader.batch_size is None:
+        return None
+    whole = DistributedSampler(sampler.dataset, num_replicas=1, rank=0,  # type: ignore[arg-type]
+                               shuffle=sampler.shuffle, seed=sampler.seed)
+    whole.set_epoch(sampler.epoch)
+    rest = list(whole)[start:]
+    world, size = sampler.num_replicas, loader.batch_size
+    if sampler.drop_last:
+        rest = rest[:len(rest) - len(rest) % world]
+    elif _steps(len(rest) // world, size, loader.drop_last) != \
+            _steps(-(-len(rest) // world), size, loader.drop_last):
+        # a rank would take a step fewer (DDP would hang): pad as the sampler pads, a few
+        # samples trained twice; otherwise the ranks' last batches differ by one sample
+        rest += (rest * world)[:world - len(rest) % world]
+    mine = _SkipFirst(rest[sampler.rank::world], 0, after_start)
+    batches = BatchSampler(mine, loader.batch_size, loader.drop_last)
+    return DataLoader(loader.dataset, batch_sampler=batches, **_options(loader))
+
+
+def _steps(num_samples: int, batch_size: int, drop_last: bool) -> int:
+    return num_samples // batch_size if drop_last else -(-num_samples // batch_size)
+
+
 def _generators(loader: Iterable[Any]) -> dict[str, torch.Generator]:
     found: dict[str, torch.Generator] = {}
     loader_generator = getattr(loader, "generator", None)
@@ -85,6 +122,16 @@ def _index_skipping_loader(loader: Iterable[Any], num_skip: int,
                            after_skip: Callable[[], None]) -> DataLoader[Any] | None:
     if type(loader) is not DataLoader or isinstance(loader.dataset, IterableDataset):
         return None
+    options = _options(loader)
+    if loader.batch_sampler is not None:
+        sampler = _SkipFirst(loader.batch_sampler, num_skip, after_skip)
+        return DataLoader(loader.dataset, batch_sampler=sampler, **options)
+    sampler = _SkipFirst(loader.sampler, num_skip, after_skip)
+    return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **options)
+
+
+def _options(loader: DataLoader[Any]) -> dict[str, Any]:
+    """What a copy of ``loader`` over other indices keeps of it (its workers, collation)."""
     options: dict[str, Any] = {
         "num_workers": loader.num_workers, "collate_fn": loader.collate_fn,
         "pin_memory": loader.pin_memory, "timeout": loader.timeout,
@@ -95,11 +142,7 @@ def _index_skipping_loader(loader: Iterable[Any], num_skip: int,
         options["prefetch_factor"] = loader.prefetch_factor
     if hasattr(loader, "in_order"):
         options["in_order"] = loader.in_order
-    if loader.batch_sampler is not None:
-        sampler = _SkipFirst(loader.batch_sampler, num_skip, after_skip)
-        return DataLoader(loader.dataset, batch_sampler=sampler, **options)
-    sampler = _SkipFirst(loader.sampler, num_skip, after_skip)
-    return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **options)
+    return options
 
 
 class _SkipFirst(torch.utils.data.Sampler[Any]):

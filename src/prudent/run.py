@@ -136,7 +136,10 @@ class Run:
             if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled():
                 self._scaler = obj
         ctx = self.context
-        ctx.emit(Event.ATTACH, dict(objects))
+        try:
+            ctx.emit(Event.ATTACH, dict(objects))
+        except ConfigError as exc:  # what resuming found (shards that differ from their
+            ctx.refuse(exc)  # manifest): exit 2 on every rank, nothing trained
         if ctx.resume_rng is not None:
             # a resumed run: the generators as they were at the checkpoint, for any loop shape
             # (run.batches and run.steps restore them again where their loop starts)
@@ -191,7 +194,7 @@ class Run:
 
                 state.loader_rng = loader_generator_states(self._loader)
             state.epoch += 1
-            state.batches_in_epoch = 0
+            state.batches_in_epoch, state.epoch_samples_before = 0, 0
             ctx.emit(Event.EPOCH_END, state.epoch - 1)
             ctx.check_stop()
 
@@ -234,8 +237,11 @@ class Run:
         sampler = getattr(loader, "sampler", None)
         if hasattr(sampler, "set_epoch"):  # DistributedSampler: never reset to epoch 0
             sampler.set_epoch(state.epoch)
-        if state.world_size != self.context.world_size:
-            self._continue_in_new_world(loader)
+        moved = state.world_size not in (None, self.context.world_size)
+        if state.epoch_samples_before or (moved and state.batches_in_epoch):
+            return self._continue_epoch(loader)
+        state.world_size = self.context.world_size
+        state.batch_size = getattr(loader, "batch_size", None)
         rng, self.context.resume_rng = self.context.resume_rng, None
         if rng is None or not state.batches_in_epoch or state.epoch_rng is None:
             if rng is not None:
@@ -251,21 +257,37 @@ class Run:
         return resume_iterator(loader, state.epoch_rng, state.batches_in_epoch,
                                after_skip=lambda: restore_rng(rng))
 
-    def _continue_in_new_world(self, loader: Iterable[Any]) -> None:
-        """A checkpoint from another number of ranks: the epoch's position was already
-        converted to this world's batches (``checkpoint.ranks``), which is exact only when
-        the ranks' batches are interleaved shares of one order (a DistributedSampler)."""
-        from prudent.data import shards_by_rank
+    def _continue_epoch(self, loader: Iterable[Any]) -> Iterator[Any]:
+        """The rest of an epoch that another number of ranks began (or whose rest a resume
+        dealt anew): from its position in global samples, dealt over this world's ranks
+        (``prudent.data.continue_epoch_at``), exact only for a ``DistributedSampler``, whose
+        ranks' batches are interleaved shares of one order."""
+        import torch
+
+        from prudent.data import continue_epoch_at, restore_loader_generators
+        from prudent.rng import restore_rng
 
         ctx, state = self.context, self.context.state
-        if state.batches_in_epoch and not shards_by_rank(loader):
+        batch_size = state.batch_size or getattr(loader, "batch_size", None) or 1
+        start = (state.epoch_samples_before
+                 + state.batches_in_epoch * batch_size * (state.world_size or ctx.world_size))
+        rng, ctx.resume_rng = ctx.resume_rng, None
+        if state.epoch_rng is not None:  # what the epoch's iterator drew its seeds from
+            torch.set_rng_state(state.epoch_rng["torch"])
+            restore_loader_generators(loader, state.epoch_rng)
+        continued = continue_epoch_at(loader, start,
+                                      after_start=lambda: restore_rng(rng) if rng else None)
+        if continued is None:
             ctx.refuse(ConfigError(
-                f"the checkpoint was taken on {state.world_size} ranks mid-epoch and this run "
-                f"has {ctx.world_size}, but this {type(loader).__name__} does not shard its "
-                "data with a DistributedSampler: prudent cannot tell which samples the other "
-                "ranks already trained. Resume on the same number of ranks, use a "
-                "DistributedSampler, or resume from a checkpoint taken at an epoch's end"))
-        state.world_size = ctx.world_size
+                f"the checkpoint was taken on {state.world_size} ranks {start} samples into "
+                f"epoch {state.epoch + 1} and this run has {ctx.world_size}, but this "
+                f"{type(loader).__name__} does not deal its data with a DistributedSampler: "
+                "prudent cannot tell which samples the other ranks already trained. Resume on "
+                "the same number of ranks, use a DataLoader with a DistributedSampler, or "
+                "resume from a checkpoint taken at an epoch's end"))
+        state.epoch_samples_before, state.batches_in_epoch = start, 0
+        state.world_size, state.batch_size = ctx.world_size, getattr(loader, "batch_size", None)
+        return iter(continued)  # type: ignore[arg-type]
 
     def backward(self, loss: Any, *, last: bool | None = None) -> None:
         """``loss.backward()`` (scaled when a GradScaler is attached), the loss hooks before it

@@ -18,7 +18,11 @@ class RunState:
     ``loader_rng`` the loader's own generators' states as the last epoch ended, until the next
     one starts (a checkpoint between epochs: the next order is drawn from them);
     ``world_size`` is the number of ranks the counters were kept on (a checkpoint resumed on
-    another number carries the epoch's position over in batches x ranks);
+    another number carries the epoch's position over in global samples);
+    ``batch_size`` the loader's per rank, and ``epoch_samples_before`` the samples of the
+    epoch trained before ``batches_in_epoch`` counted (by another world, or before a resume
+    that dealt the rest of the epoch anew): the epoch's position in global samples is
+    ``epoch_samples_before + batches_in_epoch x batch_size x world_size``;
     ``num_steps`` is the planned number of optimizer steps: the ``n`` of ``run.steps(n)``, or
     a framework adapter's plan (``max_steps``, or epochs x optimizer steps per epoch); None for
     an epoch loop of one's own, whose plan is ``num_epochs`` x ``batches_per_epoch``.
@@ -33,6 +37,8 @@ class RunState:
     epoch_rng: dict[str, Any] | None = None
     loader_rng: dict[str, Any] | None = None
     world_size: int | None = None
+    batch_size: int | None = None
+    epoch_samples_before: int = 0
 
     @property
     def planned_steps(self) -> int | None:

@@ -117,4 +117,49 @@ def test_fsdp2_shards_of_two_ranks_resume_on_one(fsdp2: Project) -> None:
     # 31 steps on 2 ranks are 62 of epoch 1's 100 batches on one rank: 38 more, then 100
     assert (shown["status"], shown["step"]) == ("completed", 31 + 38 + 100)
     changed = [e for e in shown["events"] if e["name"] == "world_changed"]
-    assert changed and "62 batches of epoch 1 already trained" in changed[0]["message"]
+    assert changed and "496 samples of epoch 1 already trained" in changed[0]["message"]
+
+
+@pytest.mark.slow
+def test_fsdp2_shards_on_an_s3_bucket_resume_exactly_and_a_changed_byte_is_refused(
+        fsdp2: Project, s3_endpoint: str) -> None:
+    import uuid
+
+    import s3fs
+
+    fsdp2.env.update({"PRUDENT_RANKS_AGREE_EVERY_S": "0"})
+    (fsdp2.path / "prudent.yaml").write_text("checkpoint:\n  every: 1000steps\n")
+    reference = fsdp2.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
+                              *torchrun(), timeout=300)
+    assert_completed(fsdp2, "reference", reference)
+
+    s3 = s3fs.S3FileSystem(key="testing", secret="testing",
+                           client_kwargs={"endpoint_url": s3_endpoint})
+    bucket = f"bucket-{uuid.uuid4().hex[:8]}"
+    s3.mkdir(bucket)
+    fsdp2.env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                      "AWS_DEFAULT_REGION": "us-east-1", "PRUDENT_S3_ENDPOINT_URL": s3_endpoint,
+                      "PRUDENT_CHECKPOINT_URL": f"s3://{bucket}/ckpts"})
+    stopped = fsdp2.prudent("run", "--run-id", "s3", "--set", "stop_rank1_at=30", "--",
+                            *torchrun(), timeout=300)
+    assert stopped.returncode == 75, stopped.stderr
+    shard = f"{bucket}/ckpts/ckpt-0000000031.shards/__1_0.distcp"
+    good = s3.cat_file(shard)
+    s3.pipe_file(shard, good[:100] + bytes([good[100] ^ 1]) + good[101:])  # one bit, same size
+
+    refused = fsdp2.prudent("run", "--run-id", "s3", "--set", "out=final.pt", "--", *torchrun(),
+                            timeout=300)
+    assert refused.returncode == 2, refused.stderr
+    assert "ckpt-0000000031.shards/__1_0.distcp differs from the checksum" in refused.stderr
+    assert fsdp2.show("s3")["step"] == 31  # nothing trained
+    assert not (fsdp2.path / "final.pt").exists()
+
+    s3.pipe_file(shard, good)
+    resumed = fsdp2.prudent("run", "--run-id", "s3", "--set", "out=final.pt", "--", *torchrun(),
+                            timeout=300)
+    assert_completed(fsdp2, "s3", resumed)
+    assert_identical(final_state(fsdp2.path / "ref.pt"), final_state(fsdp2.path / "final.pt"))
+    newest = max(p for p in s3.ls(f"{bucket}/ckpts", refresh=True)
+                 if p.rsplit("/", 1)[-1].startswith("ckpt-") and not p.endswith(".shards"))
+    manifest = s3.cat_file(f"{newest}/manifest.json")  # each shard file listed with its hash
+    assert b'"__1_0.distcp"' in manifest and b'".metadata"' in manifest

@@ -10,7 +10,9 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,9 +65,42 @@ def steps_logged(both: list[Project]) -> int:
     return max((len(log.read_text().splitlines()) for log in logs if log.exists()), default=0)
 
 
+class SharedLocation:
+    """Where both nodes keep the job's checkpoints and record: a folder both see, or a bucket
+    on the loopback S3 server (moto's), as a cloud job would."""
+
+    def __init__(self, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+        self.env: dict[str, str] = {}
+        self.fs: Any = None
+        if request.param == "folder":
+            self.url = str(tmp_path / "shared-checkpoints")
+            return
+        import s3fs
+
+        endpoint = request.getfixturevalue("s3_endpoint")
+        self.fs = s3fs.S3FileSystem(key="testing", secret="testing",
+                                    client_kwargs={"endpoint_url": endpoint})
+        bucket = f"bucket-{uuid.uuid4().hex[:8]}"
+        self.fs.mkdir(bucket)
+        self.url = f"s3://{bucket}/prudent-checkpoints"
+        self.env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1", "PRUDENT_S3_ENDPOINT_URL": endpoint}
+
+    def names(self, folder: str = "") -> list[str]:
+        path = f"{self.url}/{folder}".rstrip("/")
+        if self.fs is None:
+            return [p.name for p in Path(path).iterdir()]
+        return [str(p).rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(path, refresh=True)]
+
+
+@pytest.fixture(params=["folder", "s3"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> SharedLocation:
+    return SharedLocation(request, tmp_path)
+
+
 @pytest.mark.slow
 def test_two_nodes_stopped_and_relaunched_are_one_job_ending_bit_identical(
-        project: Project, tmp_path: Path) -> None:
+        project: Project, tmp_path: Path, shared: SharedLocation) -> None:
     project.env.update(QUIET)
     reference = project.prudent(
         "run", "--run-id", "reference", "--set", f"iters={ITERS}", "--set", "out=ref.pt", "--",
@@ -73,8 +108,9 @@ def test_two_nodes_stopped_and_relaunched_are_one_job_ending_bit_identical(
         script("ddp_rank_seeds.py"), timeout=300)
     assert reference.returncode == 0, reference.stderr
 
-    shared = tmp_path / "shared-checkpoints"
-    both = nodes(tmp_path, {"node-a": str(shared), "node-b": str(shared)})
+    both = nodes(tmp_path, {"node-a": shared.url, "node-b": shared.url})
+    for node in both:
+        node.env.update(shared.env)
     port = free_port()
     first = launch(both, port, "--set", f"iters={ITERS}")
     deadline = time.monotonic() + 120
@@ -95,8 +131,8 @@ def test_two_nodes_stopped_and_relaunched_are_one_job_ending_bit_identical(
     # one run id on both nodes (from --rdzv-id), its record in the shared location
     ids = {run["id"] for n in both for run in json_runs(n)}
     assert ids == {"ddp-rank-seeds-twonodes"}
-    assert any((shared / "record").iterdir())
-    assert [p.name for p in shared.iterdir() if p.name.startswith("ckpt-")]
+    assert shared.names("record")
+    assert [name for name in shared.names() if name.startswith("ckpt-")]
 
 
 @pytest.mark.slow

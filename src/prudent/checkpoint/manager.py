@@ -26,10 +26,12 @@ from prudent.checkpoint.schedule import SaveSchedule
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.checkpoint.sharded import (
     SHARDS_SUFFIX,
+    corrupted_shards,
     is_sharded_entry,
     load_sharded,
     save_sharded,
     sharded_objects,
+    shards_folder_of,
 )
 from prudent.checkpoint.storage import (
     CheckpointStorage,
@@ -65,6 +67,7 @@ class Checkpointer(Component):
         self.writer: CheckpointWriter | None = None
         self.resumed_from: str | None = None
         self._saved_objects: dict[str, Any] = {}
+        self._saved_shards: dict[str, dict[str, Any]] = {}  # the resumed one's: file -> hash
         self._last_position: tuple[int, int, int] | None = None
         self._sync_save_s: float | None = None
         self._writing = False  # a background write was started and its result not yet read
@@ -100,6 +103,7 @@ class Checkpointer(Component):
         if not loaded.payload:
             self._no_usable_checkpoint(run, len(loaded.skipped))
             return
+        self._saved_shards = loaded.shards
         self._resume(run, loaded.name, loaded.payload)
         self.writer.pinned = set(self.pinned.values())
 
@@ -157,7 +161,25 @@ class Checkpointer(Component):
                 f"{' and '.join(missing)} is not sharded, or its model is not attached: attach "
                 "the fully_shard-ed model, then (or together with) its optimizer")
         assert self.storage is not None
-        load_sharded({k: pairs[k] for k in saved}, saved, self.storage.url, _group_of(run))
+        self._check_shards(run, shards_folder_of(saved))
+        load_sharded({k: pairs[k] for k in saved}, saved, self.storage, _group_of(run))
+
+    def _check_shards(self, run: RunContext, folder: str) -> None:
+        """Every rank hashes its share of the shard files (and DCP's pickled index, which it
+        is about to unpickle) against the manifest; all ranks refuse alike when one differs."""
+        assert self.storage is not None
+        if not self._saved_shards:
+            raise ConfigError(f"{self.resumed_from}'s manifest lists no hashes of its shards in "
+                              f"{folder}: prudent loads only shards it can check (DCP's index is "
+                              "unpickled): remove that checkpoint to resume from the one before")
+        bad = corrupted_shards(self.storage, folder, self._saved_shards, self.ranks.rank,
+                               self.ranks.world_size if _ranks_agree(run) else 1)
+        if _ranks_agree(run):
+            bad = sorted({name for found in run.rank_group.all_gather(bad) for name in found})
+        if bad:
+            raise ConfigError(f"{self.resumed_from} is corrupted: {', '.join(bad)} differs from "
+                              "the checksum in its manifest. Nothing was loaded: remove "
+                              f"{self.resumed_from} (and {folder}) to resume from the one before")
 
     # save ---------------------------------------------------------------------------------
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
@@ -285,7 +307,9 @@ class Checkpointer(Component):
         prepared_s = time.perf_counter() - started
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
-                                  prepared_s=prepared_s, before_commit=shards_written)
+                                  prepared_s=prepared_s, before_commit=shards_written,
+                                  shards=checkpoint_name(state.step) + SHARDS_SUFFIX
+                                  if sharded else None)
         if result is None:  # written in the background: its end is reported at a step's end,
             self._writing = True  # so a save made while asleep (at an epoch's end) wakes it
             run.sleep_until(self, state.step + 1)
@@ -314,8 +338,9 @@ class Checkpointer(Component):
 
                 self._shards_group = dist.new_group(backend="gloo")
             group = self._shards_group
-        kept, future = save_sharded(sharded, self._shards_folder(step), group,
-                                    asynchronous=asynchronous)
+        assert self.storage is not None
+        kept, future = save_sharded(sharded, self.storage, checkpoint_name(step) + SHARDS_SUFFIX,
+                                    group, asynchronous=asynchronous)
         self._shards_future = future
         if future is None:
             return kept, None
@@ -334,10 +359,6 @@ class Checkpointer(Component):
             except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException included
                 print(f"prudent: warning: this rank's checkpoint shards failed: {exc}",
                       file=sys.stderr)
-
-    def _shards_folder(self, step: int) -> str:
-        assert self.storage is not None
-        return f"{self.storage.url.rstrip('/')}/{checkpoint_name(step)}{SHARDS_SUFFIX}"
 
     # what other components ask of the checkpoints (through run.checkpoints) ----------------
     def keep(self, run: RunContext, label: str) -> str | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from prudent.errors import ConfigError
 from prudent.events import EventKind
 
 if TYPE_CHECKING:
@@ -57,25 +56,23 @@ def restore_rank_state(run: RunContext, saved_run: dict[str, Any], ranks: Ranks)
 
 
 def check_world_change(run: RunContext, saved_world: int | None, world_size: int) -> None:
-    """A checkpoint taken mid-epoch on another number of ranks: the batches already trained
-    are counted over the whole world (``batches x ranks``), and each rank of the new world
-    skips its share of them. When the new world cannot split them evenly, nothing starts:
-    replaying or skipping samples is silently wrong, and the next epoch's checkpoint (or a
-    world size that divides them) resumes exactly."""
+    """A checkpoint taken mid-epoch on another number of ranks: the epoch's position is
+    counted in global samples (the ranks' batches are interleaved shares of one order), and
+    ``run.batches`` deals the rest of the epoch over the new world (``prudent.data``), or
+    refuses a loader that does not deal its data that way. Recorded here, at the resume."""
     state = run.state
     if saved_world is None or saved_world == world_size:
         return
     done = state.batches_in_epoch * saved_world
-    message = (f"checkpoint taken on {saved_world} ranks, resumed on {world_size}")
-    if done and done % world_size:
-        divisors = [n for n in range(2, 4 * world_size + 1) if done % n == 0]
-        raise ConfigError(
-            f"{message}, {state.batches_in_epoch} batches per rank into epoch {state.epoch + 1}: "
-            f"the {done} batches already trained of that epoch cannot be split evenly over "
-            f"{world_size} ranks. Resume on a number of ranks that divides {done} "
-            f"({', '.join(map(str, divisors))}), or from a checkpoint taken at an epoch's end")
-    where = (f"; {done} batches of epoch {state.epoch + 1} already trained, "
-             f"{done // world_size} per rank from now on") if done else ""
-    run.record_event(EventKind.CHECKPOINT, "world_changed", message + where,
-                     saved_world_size=saved_world, world_size=world_size, batches_done=done)
-    state.batches_in_epoch = done // world_size
+    samples = (state.epoch_samples_before + done * state.batch_size
+               if state.batch_size else None)
+    where = ""
+    if done or state.epoch_samples_before:
+        where = (f"; {samples} samples of epoch {state.epoch + 1} already trained"
+                 if samples is not None else
+                 f"; {done} batches of epoch {state.epoch + 1} already trained")
+        where += f", the rest of it dealt over {world_size} rank{'s' if world_size > 1 else ''}"
+    run.record_event(EventKind.CHECKPOINT, "world_changed",
+                     f"checkpoint taken on {saved_world} ranks, resumed on {world_size}{where}",
+                     saved_world_size=saved_world, world_size=world_size, batches_done=done,
+                     samples_done=samples)

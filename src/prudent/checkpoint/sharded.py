@@ -10,25 +10,36 @@ own ``.metadata`` is written after every rank's shards, before rank 0 writes the
 A load reshards to the world it resumes on (DCP's resharding), so 2 ranks' shards load on 1
 or 4. Model and optimizer go through ``torch.distributed.checkpoint.state_dict``, whose keys are
 parameter names: the optimizer's plain numbers (learning rate, betas) stay in ``state.pt``,
-only tensors are in the shards. DCP reads its ``.metadata`` with pickle: a shards folder is
-trusted as much as the location it is in (the rest of a checkpoint loads with
-``weights_only=True``).
+only tensors are in the shards. The manifest lists every shard file with its size and
+sha256 (rank 0 hashes them once they are durable, before the manifest commits them): a
+checkpoint whose shards are missing or cut short is skipped like one without a manifest, and
+before a load every rank checks the hashes of its share of the files and of DCP's
+``.metadata``, which DCP unpickles: prudent unpickles only what it wrote. The shards go
+through DCP's file-system writer locally and its fsspec writer on an object store, opened
+like the rest of the location.
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from prudent.errors import ConfigError
 
-__all__ = ["SHARDS_SUFFIX", "holds_shards", "is_sharded_entry", "load_sharded", "save_sharded",
-           "sharded_objects"]
+if TYPE_CHECKING:
+    from prudent.checkpoint.storage import CheckpointStorage
+
+__all__ = ["SHARDS_SUFFIX", "corrupted_shards", "holds_shards", "is_sharded_entry",
+           "load_sharded", "missing_shards", "save_sharded", "shard_digests", "sharded_objects",
+           "shards_folder_of"]
 
 SHARDS_SUFFIX = ".shards"
+METADATA_FILE = ".metadata"  # DCP's index of the shards (pickled)
 _MARK = "__prudent_shards__"
+_CHUNK = 8 << 20
 
 
 def holds_shards(obj: Any) -> bool:
@@ -52,9 +63,11 @@ def sharded_objects(objects: dict[str, Any]) -> dict[str, tuple[torch.nn.Module,
     return found
 
 
-def save_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], folder: str, group: Any,
+def save_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], storage: CheckpointStorage,
+                 folder: str, group: Any,
                  asynchronous: bool = False) -> tuple[dict[str, Any], Any]:
-    """Every rank writes its shards of ``objects`` into ``folder`` (a collective); returns
+    """Every rank writes its shards of ``objects`` into ``storage``'s folder ``folder`` (a
+    collective); returns
     what ``state.pt`` keeps for each key (the folder's name and the plain numbers) and, when
     ``asynchronous``, the future of the write: ``dcp.async_save`` returns once the shards are
     copied to host memory (the loop goes on; its next step cannot change what is written),
@@ -66,37 +79,84 @@ def save_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], folder: str, g
     for key, (module, optimizer) in objects.items():
         state = _state_dict(module, optimizer)
         tensors.update({f"{key}/{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
-        kept[key] = {_MARK: folder.rstrip("/").rsplit("/", 1)[-1],
+        kept[key] = {_MARK: folder,
                      "plain": {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}}
+    writer = storage.dcp_writer(folder)
     if asynchronous:
-        return kept, dcp.async_save(tensors, checkpoint_id=folder, process_group=group)
-    dcp.save(tensors, checkpoint_id=folder, process_group=group)
+        return kept, dcp.async_save(tensors, storage_writer=writer, process_group=group)
+    dcp.save(tensors, storage_writer=writer, process_group=group)
     return kept, None
+
+
+def shard_digests(storage: CheckpointStorage, folder: str) -> dict[str, dict[str, Any]]:
+    """Each file of a written shards folder with its size and sha256, for the manifest."""
+    sizes = storage.file_sizes(folder)
+    if METADATA_FILE not in sizes:
+        raise OSError(f"{folder} has no {METADATA_FILE}: not every rank's shards were written")
+    return {name: {"sha256": _sha256(storage, folder, name), "bytes": size}
+            for name, size in sorted(sizes.items())}
+
+
+def missing_shards(storage: CheckpointStorage, folder: str,
+                   expected: dict[str, dict[str, Any]]) -> str | None:
+    """Why the shards folder does not hold the files the manifest lists (one listing), or None."""
+    sizes = storage.file_sizes(folder)
+    for name, entry in sorted(expected.items()):
+        if name not in sizes:
+            return f"is missing its shard file {folder}/{name}"
+        if sizes[name] != entry["bytes"]:
+            return f"has a truncated shard file {folder}/{name} ({sizes[name]} of {entry['bytes']} bytes)"
+    return None
+
+
+def corrupted_shards(storage: CheckpointStorage, folder: str, expected: dict[str, dict[str, Any]],
+                     rank: int, world_size: int) -> list[str]:
+    """The files of this rank's share (every ``world_size``-th, and always DCP's ``.metadata``,
+    which this rank unpickles) whose sha256 is not the manifest's: each byte read once over
+    the ranks."""
+    names = sorted(expected)
+    share = {name for i, name in enumerate(names) if i % world_size == rank} | {METADATA_FILE}
+    return [f"{folder}/{name}" for name in sorted(share)
+            if name in expected and _sha256(storage, folder, name) != expected[name]["sha256"]]
+
+
+def _sha256(storage: CheckpointStorage, folder: str, name: str) -> str:
+    digest = hashlib.sha256()
+    with storage.open_read(folder, name) as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def is_sharded_entry(saved: Any) -> bool:
     return isinstance(saved, dict) and _MARK in saved
 
 
-def load_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], saved: dict[str, Any],
-                 location: str, group: Any) -> None:
-    """Read each object's shards back (resharded to this world) and load them in place."""
-    import torch.distributed.checkpoint as dcp
-
+def shards_folder_of(saved: dict[str, Any]) -> str:
+    """The one shards folder the checkpoint's sharded entries name."""
     folders = {entry[_MARK] for entry in saved.values()}
     if len(folders) != 1:
         raise ConfigError(f"the checkpoint names several shard folders {sorted(folders)}")
-    folder = f"{location.rstrip('/')}/{folders.pop()}"
+    return str(folders.pop())
+
+
+def load_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], saved: dict[str, Any],
+                 storage: CheckpointStorage, group: Any) -> None:
+    """Read each object's shards back (resharded to this world) and load them in place; the
+    caller has checked the folder's files against the manifest (:func:`corrupted_shards`)."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = shards_folder_of(saved)
     states = {key: _state_dict(module, optimizer) for key, (module, optimizer) in objects.items()}
     tensors = {f"{key}/{k}": v for key, state in states.items() for k, v in state.items()
                if isinstance(v, torch.Tensor)}
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.load(tensors, checkpoint_id=folder, process_group=group)
+        dcp.load(tensors, storage_reader=storage.dcp_reader(folder), process_group=group)
     except (Exception, CheckpointException) as exc:  # a BaseException: DCP's own, per rank
         reason = str(exc).strip().splitlines()[-1]
-        raise ConfigError(f"cannot read the sharded state at {folder!r} ({reason}): the "
+        raise ConfigError(f"cannot read the sharded state at {storage.url}/{folder} ({reason}): the "
                           "checkpoint's shards are missing or incomplete: remove that "
                           "checkpoint to resume from the one before") from None
     for key, (module, optimizer) in objects.items():

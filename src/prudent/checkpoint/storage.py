@@ -90,6 +90,23 @@ class CheckpointStorage(ABC):
         """Several files of folder ``name`` (None for one that cannot be read)."""
         return {filename: self.read(name, filename) for filename in filenames}
 
+    @abstractmethod
+    def open_read(self, name: str, filename: str) -> IO[bytes]:
+        """A stream of one file of folder ``name`` (large files, read in pieces)."""
+
+    def file_sizes(self, name: str) -> dict[str, int]:
+        """Each file of folder ``name`` and its size in bytes (one listing where it can)."""
+        sizes = {filename: self.size(name, filename) for filename in self.files(name)}
+        return {filename: size for filename, size in sizes.items() if size is not None}
+
+    @abstractmethod
+    def dcp_writer(self, name: str) -> Any:
+        """A ``torch.distributed.checkpoint`` storage writer into folder ``name``."""
+
+    @abstractmethod
+    def dcp_reader(self, name: str) -> Any:
+        """A ``torch.distributed.checkpoint`` storage reader of folder ``name``."""
+
     def check_writable(self) -> None:
         """Write one empty file and delete it: a location no checkpoint can be written to (a
         bucket that does not exist, no permission) is a :class:`ConfigError` naming it and
@@ -183,6 +200,19 @@ class LocalStorage(CheckpointStorage):
             return []
         return [p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".tmp-")]
 
+    def open_read(self, name: str, filename: str) -> IO[bytes]:
+        return open(self.root / name / filename, "rb")  # noqa: SIM115 - the caller closes it
+
+    def dcp_writer(self, name: str) -> Any:
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        return FileSystemWriter(self.root / name)
+
+    def dcp_reader(self, name: str) -> Any:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        return FileSystemReader(self.root / name)
+
     def remove_stale_staging(self) -> int:
         """Staging folders left by a process killed mid-save."""
         stale = [*self.root.glob(".tmp-ckpt-*"), *self.root.glob(".old-ckpt-*")]
@@ -196,6 +226,7 @@ class FsspecStorage(CheckpointStorage):
         import fsspec
 
         self.url = url.rstrip("/")
+        self.options = options  # DCP's fsspec writer and reader open the location alike
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
 
     def begin(self, name: str) -> str:
@@ -261,6 +292,27 @@ class FsspecStorage(CheckpointStorage):
             return int(self.fs.size(f"{self.root}/{name}/{filename}"))
         except (FileNotFoundError, OSError):
             return None
+
+    def open_read(self, name: str, filename: str) -> IO[bytes]:
+        return self.fs.open(f"{self.root}/{name}/{filename}", "rb")  # type: ignore[no-any-return]
+
+    def file_sizes(self, name: str) -> dict[str, int]:
+        try:
+            entries = self.fs.ls(f"{self.root}/{name}", detail=True, refresh=True)
+        except FileNotFoundError:
+            return {}
+        return {str(e["name"]).rstrip("/").rsplit("/", 1)[-1]: int(e["size"]) for e in entries
+                if e.get("type") != "directory"}
+
+    def dcp_writer(self, name: str) -> Any:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        return FsspecWriter(f"{self.url}/{name}", **self.options)
+
+    def dcp_reader(self, name: str) -> Any:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return FsspecReader(f"{self.url}/{name}", **self.options)
 
 
 def default_location(run_id: str, run_dir: Path) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from prudent.checkpoint.finite import first_non_finite
-from prudent.checkpoint.sharded import SHARDS_SUFFIX
+from prudent.checkpoint.sharded import SHARDS_SUFFIX, missing_shards, shard_digests
 from prudent.checkpoint.storage import CheckpointStorage, LocalStorage, checkpoint_name, step_of
 
 __all__ = ["CheckpointWriter", "LoadedCheckpoint", "SaveResult", "host_copy", "load_checkpoint",
@@ -57,6 +57,7 @@ class LoadedCheckpoint:
     name: str
     payload: dict[str, Any]
     skipped: list[tuple[str, str]]  # (name, why) of newer checkpoints that could not be used
+    shards: dict[str, dict[str, Any]] = field(default_factory=dict)  # file -> sha256, bytes
 
 
 def host_copy(obj: Any) -> Any:
@@ -137,23 +138,26 @@ class CheckpointWriter:
 
     def save(self, step: int, payload: dict[str, Any], meta: dict[str, Any],
              synchronous: bool = False, prepared_s: float = 0.0,
-             before_commit: Callable[[], None] | None = None) -> SaveResult | None:
+             before_commit: Callable[[], None] | None = None,
+             shards: str | None = None) -> SaveResult | None:
         """Snapshot now; write now (sync, returns the result) or in the background (None).
 
         ``prepared_s``: what building ``payload`` already cost the training thread (part of
         the save's stall). ``before_commit``: waited for before the manifest is written (the
-        shards every rank writes in the background: a checkpoint is complete with them)."""
+        shards every rank writes in the background: a checkpoint is complete with them).
+        ``shards``: the checkpoint's shards folder, whose files the manifest lists."""
         started = time.perf_counter() - prepared_s
         self.wait()  # at most one save in flight (and the buffers are free again)
         if synchronous or not self.asynchronous:  # the loop waits anyway: serialise live tensors
             return self._write(step, payload, meta, 0.0, synchronous=True, prepared_s=prepared_s,
-                               before_commit=before_commit)
+                               before_commit=before_commit, shards=shards)
         snapshot = self._buffers.copy(payload)
         self._buffers.synchronize()
         stall_s = time.perf_counter() - started
         self._in_flight = threading.Thread(
             target=lambda: self._results.put(
-                self._write(step, snapshot, meta, stall_s, before_commit=before_commit)),
+                self._write(step, snapshot, meta, stall_s, before_commit=before_commit,
+                            shards=shards)),
             name="prudent-checkpoint-writer", daemon=True)
         self._in_flight.start()
         return None
@@ -181,7 +185,8 @@ class CheckpointWriter:
 
     def _write(self, step: int, snapshot: dict[str, Any], meta: dict[str, Any],
                stall_s: float, synchronous: bool = False, prepared_s: float = 0.0,
-               before_commit: Callable[[], None] | None = None) -> SaveResult:
+               before_commit: Callable[[], None] | None = None,
+               shards: str | None = None) -> SaveResult:
         name = checkpoint_name(step)
         result = SaveResult(name=name, step=step, stall_s=stall_s)
         started = time.perf_counter()
@@ -196,6 +201,9 @@ class CheckpointWriter:
             digest, result.num_bytes = self._write_state(handle, snapshot)
             if before_commit is not None:
                 before_commit()
+            if shards is not None:  # durable on every rank now: listed, with their hashes
+                meta = {**meta, "shards": {"folder": shards,
+                                           "files": shard_digests(self.storage, shards)}}
             self._write_manifest(handle, step, digest, result.num_bytes, meta)
             result.path = self.storage.commit(handle)
             handle = None
@@ -268,11 +276,11 @@ def load_latest(storage: CheckpointStorage) -> LoadedCheckpoint | None:
     """The newest checkpoint that passes its checks, with the reasons newer ones were skipped."""
     skipped: list[tuple[str, str]] = []
     for name in storage.checkpoints():
-        problem, data = _check(storage, name)
+        problem, data, shards = _check(storage, name)
         if problem is None:
             try:
                 payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-                return LoadedCheckpoint(name, payload, skipped)
+                return LoadedCheckpoint(name, payload, skipped, shards)
             except Exception as exc:  # noqa: BLE001 - any deserialiser error means unusable
                 problem = f"cannot be deserialised safely ({type(exc).__name__}: {exc})"
         skipped.append((name, problem))
@@ -281,7 +289,7 @@ def load_latest(storage: CheckpointStorage) -> LoadedCheckpoint | None:
 
 def load_checkpoint(storage: CheckpointStorage, name: str) -> dict[str, Any] | None:
     """One checkpoint's payload if it passes its checks (None otherwise)."""
-    problem, data = _check(storage, name)
+    problem, data, _ = _check(storage, name)
     if problem is not None:
         return None
     try:
@@ -290,23 +298,33 @@ def load_checkpoint(storage: CheckpointStorage, name: str) -> dict[str, Any] | N
         return None
 
 
-def _check(storage: CheckpointStorage, name: str) -> tuple[str | None, bytes]:
-    """(None, state bytes) if the checkpoint's files match its manifest, else (why not, b"")."""
+def _check(storage: CheckpointStorage,
+           name: str) -> tuple[str | None, bytes, dict[str, dict[str, Any]]]:
+    """(None, state bytes, shard files) if the checkpoint's files match its manifest, else
+    (why not, b"", {}). Shard files are only listed here (present, full size): each rank
+    hashes its share before loading them (``checkpoint.sharded``)."""
     raw = storage.read(name, MANIFEST_FILE)
     if raw is None:
-        return "has no manifest (the save never finished)", b""
+        return "has no manifest (the save never finished)", b"", {}
     try:
-        expected = json.loads(raw)["files"][STATE_FILE]
+        manifest = json.loads(raw)
+        expected = manifest["files"][STATE_FILE]
+        shards = manifest.get("shards")
+        shard_files = dict(shards["files"]) if shards else {}
     except (ValueError, KeyError, TypeError):
-        return "has an unreadable manifest", b""
+        return "has an unreadable manifest", b"", {}
     data = storage.read(name, STATE_FILE)
     if data is None:
-        return f"is missing {STATE_FILE}", b""
+        return f"is missing {STATE_FILE}", b"", {}
     if len(data) != expected["bytes"]:
-        return f"is truncated ({len(data)} of {expected['bytes']} bytes)", b""
+        return f"is truncated ({len(data)} of {expected['bytes']} bytes)", b"", {}
     if hashlib.sha256(data).hexdigest() != expected["sha256"]:
-        return "is corrupted (checksum mismatch)", b""
-    return None, data
+        return "is corrupted (checksum mismatch)", b"", {}
+    if shards:
+        problem = missing_shards(storage, shards["folder"], shard_files)
+        if problem is not None:
+            return problem, b"", {}
+    return None, data, shard_files
 
 
 class _HashingWriter:

@@ -160,6 +160,9 @@ class _StepsBefore:
     def read(self, name: str, filename: str) -> bytes | None:
         return self.source.read(name, filename)  # type: ignore[no-any-return]
 
+    def file_sizes(self, name: str) -> dict[str, int]:
+        return self.source.file_sizes(name)  # type: ignore[no-any-return]
+
 
 def _launch(command: list[str], spec: LaunchSpec) -> int:
     """Run the script in this terminal's foreground (pdb needs it); Ctrl-C reaches it directly."""
