@@ -1,9 +1,18 @@
 from __future__ import annotations
 
+import copy
+import json
+import pickle
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
+import yaml
 
 from prudent.errors import ConfigError
-from prudent.hparams import apply_overrides, overrides_from_env, parse_set_args
+from prudent.hparams import TrackedConfig, apply_overrides, overrides_from_env, parse_set_args
 
 
 def test_set_values_are_yaml_scalars() -> None:
@@ -65,3 +74,59 @@ def test_overrides_from_env_rejects_garbage() -> None:
     assert overrides_from_env({"PRUDENT_SET": '{"a": 1}'}) == {"a": 1}
     with pytest.raises(ConfigError, match="PRUDENT_SET"):
         overrides_from_env({"PRUDENT_SET": "[1]"})
+
+
+def _tracked() -> TrackedConfig:
+    return TrackedConfig({"lr": 0.1, "epochs": 2, "model": {"hidden": 8, "act": "relu"}})
+
+
+def _read(config: TrackedConfig) -> list[str]:
+    return sorted(k for k in ("lr", "epochs", "model", "model.hidden", "model.act")
+                  if config.was_read(k))
+
+
+def test_run_config_notes_each_key_the_script_reads_by_its_dotted_name() -> None:
+    config = _tracked()
+    assert config["lr"] == 0.1 and config.get("epochs") == 2 and config.get("nope") is None
+    assert config["model"]["hidden"] == 8
+    assert _read(config) == ["epochs", "lr", "model", "model.hidden"]
+
+
+def test_the_keys_alone_are_not_a_read() -> None:
+    config = _tracked()
+    assert list(config) == ["lr", "epochs", "model"] and "lr" in config and len(config) == 3
+    assert config == {"lr": 0.1, "epochs": 2, "model": {"hidden": 8, "act": "relu"}}
+    assert repr(config) == "{'lr': 0.1, 'epochs': 2, 'model': {'hidden': 8, 'act': 'relu'}}"
+    assert config.untracked() == config and _read(config) == []
+
+
+@pytest.mark.parametrize("use", [
+    lambda c: exec("globals().update(config)", {"config": c}),  # nanoGPT's configurator line
+    lambda c: {}.update(c), dict, lambda c: {**c}, lambda c: (lambda **kw: kw)(**c),
+    lambda c: [v for _, v in c.items()], lambda c: list(c.values()), lambda c: c.copy(),
+    lambda c: json.dumps(c),
+], ids=["globals-update", "dict-update", "dict", "unpack", "kwargs", "items", "values", "copy",
+        "json"])
+def test_taking_the_whole_config_reads_every_key(use: Callable[[TrackedConfig], Any]) -> None:
+    """CPython copies a dict subclass that keeps dict's own __iter__ without __getitem__:
+    TrackedConfig overrides __iter__ so that these go through keys() and __getitem__."""
+    config = _tracked()
+    use(config)
+    assert {"lr", "epochs", "model"} <= set(_read(config))
+
+
+def test_globals_update_brings_the_values_into_the_script() -> None:
+    script: dict[str, Any] = {"config": _tracked(), "lr": 1e-3}
+    exec("globals().update(config)", script)
+    assert script["lr"] == 0.1 and script["model"]["hidden"] == 8
+
+
+def test_run_config_saved_by_the_script_loads_as_a_plain_mapping(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    config = _tracked()
+    torch.save({"config": config}, tmp_path / "ckpt.pt")
+    loaded = torch.load(tmp_path / "ckpt.pt", weights_only=True)["config"]  # no prudent class
+    assert loaded == config and type(loaded) is OrderedDict
+    assert yaml.safe_load(yaml.safe_dump(config)) == config
+    assert type(copy.deepcopy(config)) is dict and pickle.loads(pickle.dumps(config)) == config
+    assert _read(config) == ["epochs", "lr", "model", "model.act", "model.hidden"]

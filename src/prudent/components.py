@@ -29,6 +29,7 @@ from prudent.profile.straggler import StragglerWatch
 from prudent.record.sync import RecordSync
 from prudent.recorder import MetricsRecorder
 from prudent.tune.trial import trial_from_env, under_tuner
+from prudent.unread_config import UnreadConfigWatch
 
 __all__ = ["DEFAULT_COMPONENTS", "default_components"]
 
@@ -86,6 +87,9 @@ DEFAULT_COMPONENTS: list[ComponentFactory] = [
     _monitor,
     # only in a trial of `prudent tune`: reports run.log's objective, prunes on the pruner's cue
     lambda settings, spec: trial_from_env(),
+    # a --set (or trial) key the script has not read by its first epoch's end: a warning, and
+    # a failed trial under the tuner
+    lambda settings, spec: UnreadConfigWatch.build(spec, quiet=_quiet(settings)),
     # a bundle when a step raises or turns non-finite (before the optimizer step), or a rule asks
     _failure_capture,
     # the record that travelled with the checkpoints is merged before the meter reads the spend

@@ -21,7 +21,7 @@ from prudent.context import RunContext
 from prudent.distributed import Ranks, ranks_from_env
 from prudent.errors import ConfigError
 from prudent.events import Component
-from prudent.hparams import apply_overrides
+from prudent.hparams import TrackedConfig, apply_overrides
 from prudent.launch import LaunchSpec, host_name
 from prudent.run import Run
 from prudent.stop import StopKind, StopReason, exit_bad_input
@@ -56,8 +56,8 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
         from prudent.components import default_components  # imports torch: not for the CLI
 
         components = default_components(settings, spec)
-    context = RunContext(
-        run_id=run_id, name=name, config=resolved, home=settings.store.home, store=store,
+    context = RunContext(  # run.config notes the keys the script reads (see unread_config.py)
+        run_id=run_id, name=name, config=TrackedConfig(resolved), home=settings.store.home, store=store,
         writer=StoreWriter(store, settings.store.flush_interval_s) if store is not None else None,
         settings=settings, exit_on_stop=exit_on_stop, components=components,
         handle_signals=settings.run.handle_signals)

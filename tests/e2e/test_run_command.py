@@ -53,6 +53,28 @@ def test_unknown_set_key_stops_before_training_and_leaves_no_run(project: Projec
     assert listed.returncode == 0 and json.loads(listed.stdout) == []  # nothing ran
 
 
+def test_a_set_key_a_configurator_style_script_never_reads_is_warned_and_recorded(
+        project: Project) -> None:
+    """nanoGPT's shape: the loop reads module globals; without globals().update(run.config)
+    the --set value is recorded but not trained with, and prudent says so."""
+    command = ["--", sys.executable, script("configurator_globals.py")]
+    ignored = project.prudent("run", "--run-id", "ignored", "--set", "learning_rate=0.5",
+                              *command, "--update_globals=False")
+    assert ignored.returncode == 0, ignored.stderr
+    assert ("prudent | ignored | warning: --set learning_rate=0.5 was not read from run.config "
+            "by step 1 (1% of the 20 planned steps): the run records it but trains on the "
+            "script's own value. Read it from run.config (run.config[\"learning_rate\"]) or, "
+            "for configurator-style globals (nanoGPT), add globals().update(run.config) after "
+            "prudent.init") in ignored.stderr
+    shown = project.show("ignored")
+    assert shown["config"]["learning_rate"] == 0.5 and shown["metrics"]["lr_used"] == 0.001
+    (event,) = [e for e in shown["events"] if (e["kind"], e["name"]) == ("config", "unread")]
+    assert event["step"] == 1 and event["payload"]["keys"] == ["learning_rate"]
+    used = project.prudent("run", "--run-id", "used", "--set", "learning_rate=0.5", *command)
+    assert used.returncode == 0, used.stderr
+    assert "warning" not in used.stderr and project.show("used")["metrics"]["lr_used"] == 0.5
+
+
 def test_checkpoints_that_cannot_be_written_stop_the_run_at_its_start_and_leave_no_run(
         project: Project) -> None:
     # a location no save can reach (here: a folder under a file; a bucket that does not

@@ -93,6 +93,26 @@ def test_an_objective_the_script_never_logs_stops_the_study_after_its_first_tria
             and "it logged: loss, val_acc" in result.stderr), result.stderr
 
 
+def test_a_trial_whose_value_the_script_never_reads_fails_instead_of_being_scored(
+        project: Project) -> None:
+    # tune_train.py reads momentum only for SGD: a space without `when` hands it to Adam too
+    space = ("optimizer: {type: categorical, choices: [adam, sgd]}\n"
+             "momentum: {type: float, low: 0.5, high: 0.99}\n")
+    result = _tune(project, "--trials", "2", "--pruner", "none", "--set", "epochs=2",
+                   "--enqueue", '{"optimizer": "sgd", "momentum": 0.9}',
+                   "--enqueue", '{"optimizer": "adam", "momentum": 0.9}', space=space)
+    assert result.returncode == 0, result.stderr
+    message = ("momentum=0.9 was not read from run.config by the end of epoch 1 (trial 1 of "
+               "prudent tune): the trial fails rather than be scored on the script's own value. "
+               'Read it from run.config (run.config["momentum"])')
+    assert "warning: " + message in result.stderr
+    trials = {t["number"]: t for t in _study(project)["trials"]}
+    assert trials[0]["state"] == "complete" and trials[0]["epochs"] == 2
+    assert trials[1]["state"] == "failed" and trials[1]["error"].startswith(message)
+    run = project.show(trials[1]["run_id"])
+    assert (run["stop_reason"], run["step"]) == ("error", STEPS_PER_EPOCH)  # one epoch, no more
+
+
 def test_more_workers_than_the_policy_allows_is_refused(project: Project) -> None:
     (project.path / "policy.yaml").write_text("max_parallel_trials: 1\n")
     result = _tune(project, "--workers", "2", "--policy", "policy.yaml")

@@ -131,3 +131,21 @@ def test_a_cost_budget_stop_before_the_step_budget_is_not_a_complete_trial(
     worker._settle(task, 4)
     assert study.trials[task.number].state.name == "FAIL"
     worker.store.close()
+
+
+def test_a_trial_whose_values_the_script_never_read_fails_instead_of_being_scored(
+        settings: ProjectSettings) -> None:
+    """Judged at the run's end (a loop without epochs or a plan) the run completed, with an
+    objective; its config/unread event still fails the trial, naming the key."""
+    worker, study = _worker(settings, trials=2)
+    task = worker._ask()
+    assert task is not None
+    _ended(worker, task.run_id, step=50, stop_reason=None, values={50: 0.9})
+    message = "lr=0.01 was not read from run.config by the end of the run (trial 0 ...)"
+    worker.store.add_events([{"run_id": task.run_id, "step": 50, "kind": "config",
+                              "name": "unread", "message": message,
+                              "payload": json.dumps({"keys": ["lr"]}), "wall": time.time()}])
+    assert worker._settle(task, 0)
+    trial = study.trials[task.number]
+    assert trial.state.name == "FAIL" and trial.user_attrs["error"] == message
+    worker.store.close()

@@ -19,6 +19,7 @@ from typing import Any
 from prudent.adapters.files import FrameworkCheckpoint
 from prudent.errors import StopRun
 from prudent.events import Event, EventKind
+from prudent.hparams import untracked
 from prudent.stop import StopKind, StopReason
 
 __all__ = ["AdapterRun"]
@@ -109,7 +110,7 @@ class AdapterRun:
         if added:
             config.update(added)
             if self.ctx.store is not None:
-                self.ctx.store.update_run(self.ctx.id, config=config)
+                self.ctx.store.update_run(self.ctx.id, config=untracked(config))
         return changed
 
     def watch(self, **objects: Any) -> None:

@@ -40,6 +40,7 @@ from prudent.debug.probe import (
 from prudent.debug.settings import DebugSettings
 from prudent.distributed import ranks_from_env
 from prudent.events import Component, Event, EventKind
+from prudent.hparams import untracked
 from prudent.rng import capture_rng
 
 if TYPE_CHECKING:
@@ -309,7 +310,7 @@ class FailureCapture(Component):
             "loss": _scalar(self._loss) if self._loss is not None else None,
             "non_finite_grads": list(self._bad_grads), "sample_indices": indices,
             "offending": offending, "error": f"{type(error).__name__}: {error}" if error else None,
-            "traceback": user_traceback(error), "config": run.config,
+            "traceback": user_traceback(error), "config": untracked(run.config),
             "settings": run.settings.model_dump(mode="json"), "rank": self._rank.rank,
             "local_shards": self._sharded,
             "model_devices": sorted({str(p.device) for _, p in self._params}),

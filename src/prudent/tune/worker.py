@@ -347,9 +347,14 @@ class Worker:
             self.stopping = True
             return False
         attrs = self._outcome_attrs(task, record)
+        unread = _unread_config(self.store, task.run_id)
+        if unread:
+            attrs["error"] = unread
         for key, value in attrs.items():
             self.storage.set_trial_user_attr(task.trial_id, key, value)
-        if code == ExitCode.COMPLETED or self._spent_step_budget(code, record):
+        if unread:  # trained on the script's own values, not the trial's: never scored
+            self.study.tell(task.number, state=TrialState.FAIL)
+        elif code == ExitCode.COMPLETED or self._spent_step_budget(code, record):
             value = self._objective(task, record)
             self.study.tell(task.number, value, state=TrialState.COMPLETE)
         elif code in (ExitCode.PRUNED, ExitCode.RULE):
@@ -427,6 +432,15 @@ def _pruned_by(store: Any, run_id: str, stop: StopReason) -> str:
             rule = event["payload"].get("rule")
             return f"rule:{rule}" if rule else "pruner"
     return "pruner"
+
+
+def _unread_config(store: Any, run_id: str) -> str | None:
+    """The message of the trial's ``config/unread`` event: a value of the trial that the
+    script did not read (see ``unread_config.py``); None when it read them all."""
+    for event in store.events(run_id):
+        if (event["kind"], event["name"]) == (EventKind.CONFIG.value, "unread"):
+            return str(event["message"])[:500]
+    return None
 
 
 def _last_end_message(store: Any, run_id: str) -> str:
