@@ -228,9 +228,16 @@ class StopCoordinator(Component):
         checkpoints = run.checkpoints
         if self.ranks.num_nodes > 1 and checkpoints is not None:
             self._check_shared_location(run, checkpoints.storage)
-        mine = (run.state.step, getattr(checkpoints, "resumed_from", None))
-        starts = self.group.all_gather(mine)
+        from prudent.elastic import record_membership
+        from prudent.launch import host_name
+
+        mine = (run.state.step, getattr(checkpoints, "resumed_from", None), host_name())
+        gathered = self.group.all_gather(mine)
+        starts = [(step, name) for step, name, _ in gathered]
         if len(set(starts)) == 1:
+            if self.ranks.is_main:
+                record_membership(run, getattr(checkpoints, "resumed_hosts", None),
+                                  [host for _, _, host in gathered])
             return
         listed = ", ".join(f"rank {r}: step {s} ({name or 'no checkpoint'})"
                            for r, (s, name) in enumerate(starts))

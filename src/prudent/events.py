@@ -83,11 +83,12 @@ class EventKind(str, Enum):
     CAPTURE = "capture"
     CAPTURE_REQUESTED = "capture_requested"  # name: the rule that asked
     STORE = "store"  # the run store itself (written by the store writer, not a component)
+    CONFIG = "config"  # the user's hyperparameters (run.config)
 
 
 # Every (kind, name) a run records; None: the name is a rule's name or a finding's id.
 RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
-    EventKind.LIFECYCLE: ("start", "stop_requested", "end"),
+    EventKind.LIFECYCLE: ("start", "stop_requested", "end", "rank_lost", "membership"),
     EventKind.SUPERVISOR: ("exit", "end"),
     EventKind.CHECKPOINT: ("skipped", "fresh_start", "resumed", "emergency_skipped",
                            "not_restored", "save_failed", "saved", "interval", "record_imported",
@@ -103,6 +104,7 @@ RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
     EventKind.CAPTURE: ("skipped", "failed", "written"),
     EventKind.CAPTURE_REQUESTED: None,
     EventKind.STORE: ("outage",),
+    EventKind.CONFIG: ("unread",),
 }
 
 

@@ -389,8 +389,30 @@ class Run:
             return False
         if ctx.closed:  # the run already ended (refused: bad input found mid-way)
             return False
+        if ctx.world_size > 1 and isinstance(exc, Exception):
+            from prudent.elastic import peer_lost
+
+            lost = peer_lost(exc)
+            if lost is not None:  # not the script's failure: the survivors resume elsewhere
+                self._rank_lost(lost)
         ctx.fail(exc)  # a bundle before END: the state is as it failed
         return False
+
+    def _rank_lost(self, error: str) -> None:
+        """Another rank's process or machine is gone (its collectives failed): a stop to
+        resume from the newest checkpoint, exit 75 for torchrun to restart this worker in the
+        world that is left (no stop save: the step that failed was half done)."""
+        from prudent.events import EventKind
+        from prudent.stop import ExitCode
+
+        ctx = self.context
+        message = (f"a rank of the job was lost at step {ctx.state.step + 1} ({error}): "
+                   "resume from the newest checkpoint with the ranks that are left")
+        ctx.record_event(EventKind.LIFECYCLE, "rank_lost", message, error=error)
+        ctx.finish("stopped", StopReason(StopKind.PREEMPTED, None, message), message)
+        if ctx.exit_on_stop:
+            tell_launcher(int(ExitCode.PREEMPTED), message)
+            raise SystemExit(int(ExitCode.PREEMPTED))
 
 
 def _resolve_device(setting: str, smoke: bool) -> Any:

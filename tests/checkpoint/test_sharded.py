@@ -152,3 +152,31 @@ def test_a_checkpoint_whose_shards_were_cut_short_is_skipped_for_the_one_before(
     loaded = load_latest(storage)
     assert loaded is not None and loaded.name == checkpoint_name(1)
     assert "truncated shard file" in loaded.skipped[0][1]
+
+
+def test_a_rollback_to_a_sharded_checkpoint_puts_nothing_back_and_says_why(
+        tmp_path: Path) -> None:
+    import prudent
+    from prudent.testing import make_settings
+
+    settings = make_settings(tmp_path / "home", checkpoint={"every": "2steps", "mode": "sync"},
+                             monitor={"enabled": False})
+    with one_rank_mesh(tmp_path) as mesh:
+        _, model = sharded_mlp(mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        run = prudent.init(name="rollback", settings=settings, exit_on_stop=False)
+        run.attach(model=model, optimizer=optimizer)
+        with run:
+            for step in run.steps(5):
+                torch.manual_seed(step)
+                loss = model(torch.randn(4, 8)).sum()
+                run.backward(loss)
+                optimizer.step()
+                optimizer.zero_grad()
+                run.step(loss=loss)
+            now = _full(model)
+            service = run.context.checkpoints
+            assert service.restore(run.context, before_step=5) is None
+            assert "sharded (FSDP2)" in (service.cannot_restore or "")
+            for key, value in _full(model).items():  # not half put back: nothing is
+                assert torch.equal(value, now[key])

@@ -42,8 +42,10 @@ from prudent.checkpoint.storage import (
 )
 from prudent.checkpoint.writer import CheckpointWriter, SaveResult, load_checkpoint, load_latest
 from prudent.distributed import ranks_from_env
+from prudent.elastic import record_membership
 from prudent.errors import ConfigError
 from prudent.events import Component, Event, EventKind
+from prudent.launch import host_name
 from prudent.pace import StepPace
 from prudent.stop import StopKind
 
@@ -66,6 +68,8 @@ class Checkpointer(Component):
         self.storage: CheckpointStorage | None = None
         self.writer: CheckpointWriter | None = None
         self.resumed_from: str | None = None
+        self.resumed_hosts: list[str] | None = None  # each rank's machine, as saved
+        self.cannot_restore: str | None = None  # why restore() put nothing back, if not age
         self._saved_objects: dict[str, Any] = {}
         self._saved_shards: dict[str, dict[str, Any]] = {}  # the resumed one's: file -> hash
         self._last_position: tuple[int, int, int] | None = None
@@ -123,6 +127,10 @@ class Checkpointer(Component):
         check_world_change(run, run.state.world_size, self.ranks.world_size)
         self._saved_objects = dict(payload["objects"])
         self.resumed_from = name
+        parts = payload["run"].get("ranks")
+        self.resumed_hosts = [(p or {}).get("host", "?") for p in parts] if parts else None
+        if not self.ranks.is_distributed:  # several ranks: told once every rank has started
+            record_membership(run, self.resumed_hosts, [host_name()])
         state = run.state
         self._last_position = (state.step, state.epoch, state.batches_in_epoch)
         self.schedule.saved(state.step)
@@ -300,10 +308,11 @@ class Checkpointer(Component):
                    "run": run.state_dict()}
         meta = {"run_id": run.id, "epoch": state.epoch, "batches_in_epoch": state.batches_in_epoch,
                 "reason": reason}
-        if self.ranks.is_distributed:
-            parts = parts or [rank_state(run)] + [None] * (self.ranks.world_size - 1)
-            payload["run"]["ranks"] = parts
-            meta["world"] = world_of([p or {"host": "?"} for p in parts])
+        # the world it was taken in, one process too: an elastic job's membership changes
+        # are told from it (prudent.elastic), and a resume on more ranks seeds the others apart
+        parts = parts or [rank_state(run)] + [None] * (self.ranks.world_size - 1)
+        payload["run"]["ranks"] = parts
+        meta["world"] = world_of([p or {"host": "?"} for p in parts])
         prepared_s = time.perf_counter() - started
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
@@ -402,10 +411,15 @@ class Checkpointer(Component):
             payload = load_checkpoint(self.storage, candidate)
             if payload is None:
                 continue
+            if any(is_sharded_entry(saved) for saved in payload["objects"].values()):
+                # every rank would have to read its shards at once, and the ranks do not
+                # decide a rollback together: nothing put back rather than half of it
+                self.cannot_restore = ("the model is sharded (FSDP2): its shards are only read "
+                                       "back by every rank together, at a resume")
+                return None
             for key, obj in run.objects.items():
-                saved = payload["objects"].get(key)
-                if key in payload["objects"] and not is_sharded_entry(saved):
-                    restore_object(obj, saved)  # shards need every rank: not rolled back
+                if key in payload["objects"]:
+                    restore_object(obj, payload["objects"][key])
             run.record_event(EventKind.CHECKPOINT, "restored", f"{', '.join(run.objects)} put "
                              f"back as they were at step {step} ({candidate}), at step "
                              f"{run.state.step}", checkpoint=candidate, checkpoint_step=step)

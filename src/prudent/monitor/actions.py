@@ -179,6 +179,8 @@ class RollbackAction(Action):
         back = self._max_steps_back(run)
         restored = service.restore(run, before_step=spike, not_before=None if back is None
                                    else spike - back) if service is not None else None
+        if restored is None and getattr(service, "cannot_restore", None):
+            return self._stop(run, firing, f"no rollback: {service.cannot_restore}")
         if restored is None:
             within = "" if back is None else f" within {back} steps"
             return self._stop(run, firing, f"no checkpoint from{within} before step {spike} to "

@@ -472,7 +472,9 @@ class Monitor(Component):
             return "; restore_best: no checkpoint of the best evaluation (checkpoints off?)"
         restored = run.checkpoints.restore(run, name=self.best_checkpoint)
         if restored is None:
-            return f"; restore_best: {self.best_checkpoint} could not be read"
+            why = getattr(run.checkpoints, "cannot_restore", None)
+            return (f"; restore_best: {self.best_checkpoint} "
+                    + (f"not restored: {why}" if why else "could not be read"))
         run.record_event(EventKind.MONITOR, "best_restored", f"early stopping: the weights of "
                          f"the best evaluation (step {restored[1]}, {restored[0]}) are put back",
                          checkpoint=restored[0], checkpoint_step=restored[1])
