@@ -42,7 +42,7 @@ def _events(tmp_path: Path, saved: list[str] | None, now: list[str]) -> list[dic
 def test_a_machine_that_left_and_one_that_joined_are_named_with_the_world(tmp_path: Path) -> None:
     left = _events(tmp_path, ["node-a", "node-b"], ["node-a"])
     assert [e["message"] for e in left] == [
-        "2 ranks on 2 machine(s) -> 1 on 1 at step 40: node-b left"]
+        "2 ranks on 2 machines -> 1 rank on 1 machine at step 40: node-b left"]
     assert json.loads(left[0]["payload"])["left"] == ["node-b"]
     joined = _events(tmp_path, ["node-a"], ["node-a", "node-c"])
     assert joined[0]["message"].endswith("node-c joined")

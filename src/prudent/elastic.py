@@ -55,7 +55,12 @@ def record_membership(run: RunContext, saved_hosts: list[str] | None, hosts: lis
     parts = [f"{', '.join(left)} left" if left else "", f"{', '.join(joined)} joined" if joined else ""]
     said = "; ".join(p for p in parts if p) or "the same machines"
     run.record_event(EventKind.LIFECYCLE, "membership",
-                     f"{len(saved_hosts)} ranks on {len(before)} machine(s) -> {len(hosts)} on "
-                     f"{len(now)} at step {run.state.step}: {said}",
+                     f"{_count(len(saved_hosts), 'rank')} on {_count(len(before), 'machine')} -> "
+                     f"{_count(len(hosts), 'rank')} on {_count(len(now), 'machine')} at step "
+                     f"{run.state.step}: {said}",
                      left=left, joined=joined, world_size=len(hosts),
                      saved_world_size=len(saved_hosts), hosts=hosts)
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
