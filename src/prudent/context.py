@@ -32,8 +32,9 @@ from prudent.stop import ExitCode, StopKind, StopReason, exit_bad_input
 from prudent.store import Store
 from prudent.store_writer import NullWriter, StoreWriter
 
-__all__ = ["RunContext"]
+__all__ = ["NOTHING_CARRIED", "RunContext"]
 
+NOTHING_CARRIED = object()  # run.carry: the checkpoint carried nothing
 _HOST_READS = 4  # tensors a step reads whose host value host_scalar remembers
 
 
@@ -89,6 +90,17 @@ class RunContext:
         self.logged: dict[str, float] = {}  # the newest value of each run.log metric
         self.batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self.resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
+        # where a resumed loop starts again (a step's end, an epoch's or the loop's top):
+        # (step, epoch, batches_in_epoch, epoch_samples_before, torch's generator state). A
+        # checkpoint taken between two (inside run.log) holds these, not what the script drew
+        # since (an evaluation on the global generator), so resuming from it re-does exactly
+        # what the loop does again (see CheckpointManager.keep)
+        self.boundary: tuple[int, int, int, int, Any] | None = None
+        self.carried: Any = None  # run.carry's value: travels in the checkpoint, per rank
+        self.resume_carried: Any = NOTHING_CARRIED  # the checkpoint's, for run.carry's first call
+        import torch
+
+        self._torch_rng_state = torch.get_rng_state
         self.step_limit: int | None = None  # run.steps stops here (preflight's short loops)
         # the checkpointer, once started: keep(ctx, label) and restore(ctx, before_step=...)
         # for components that roll back or keep a best checkpoint (None: checkpoints are off)
@@ -299,6 +311,7 @@ class RunContext:
             self._wake_sleepers(state.step, Event.STEP_END)
         for handler in self.handlers[Event.STEP_END]:
             handler(self, metrics)
+        self.mark_boundary()
         if self.host_reads:
             self.host_reads.clear()  # the step's tensors are not kept past it
         if self.sleep_requests:
@@ -421,6 +434,12 @@ class RunContext:
             "run_id": self.id, "step": self.state.step if step is None else step,
             "kind": kind.value if isinstance(kind, Enum) else kind, "name": name,
             "message": message, "payload": json.dumps(payload, default=str), "wall": time.time()})
+
+    def mark_boundary(self) -> None:
+        """The loop is where a resumed one would start again (see ``boundary``)."""
+        state = self.state
+        self.boundary = (state.step, state.epoch, state.batches_in_epoch,
+                         state.epoch_samples_before, self._torch_rng_state())
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, RNG states and every component's state: all a checkpoint needs of the run."""

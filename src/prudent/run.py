@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -22,6 +22,8 @@ from prudent.errors import ConfigError, StopRun
 from prudent.events import Event
 from prudent.state import RunState
 from prudent.stop import StopKind, StopReason, tell_launcher
+
+T = TypeVar("T")
 
 __all__ = ["Run", "RunSettings"]
 
@@ -148,6 +150,28 @@ class Run:
             restore_rng(ctx.resume_rng)
         return self
 
+    def carry(self, value: T) -> T:
+        """A value the loop keeps across ``run.step()``, travelling in the checkpoint: nanoGPT's
+        batch drawn after the forward pass for the next iteration. Returns ``value``;
+        resuming, the first call before the loop starts returns the value the checkpoint
+        carried instead (on the devices of ``value``), so the loop trains on the batch the
+        interrupted run had drawn::
+
+            X, Y = run.carry(get_batch("train"))      # before the loop
+            for it in run.steps(max_iters):
+                ...
+                X, Y = run.carry(get_batch("train"))  # the prefetch, where it was
+        """
+        from prudent.context import NOTHING_CARRIED
+
+        ctx = self.context
+        if ctx.resume_carried is not NOTHING_CARRIED:
+            saved, ctx.resume_carried = ctx.resume_carried, NOTHING_CARRIED
+            if not self._positioned:
+                value = _on_devices_of(value, saved)
+        ctx.carried = value
+        return value
+
     def steps(self, num_steps: int) -> Iterator[int]:
         """Yield iteration numbers from the step the run was restored at up to ``num_steps - 1``:
         ``for it in run.steps(max_iters):`` for a loop without epochs (nanoGPT's). The body
@@ -167,6 +191,7 @@ class Run:
             from prudent.rng import restore_rng
 
             restore_rng(rng)
+        ctx.mark_boundary()  # after each step, run.step marks it
         while state.step < num_steps:
             if ctx.step_limit is not None and state.step >= ctx.step_limit:
                 return
@@ -188,6 +213,7 @@ class Run:
         if self._smoke:
             num_epochs = min(num_epochs, SMOKE_MAX_EPOCHS)
         while state.epoch < num_epochs:
+            ctx.mark_boundary()  # an evaluation at the epoch's top is done again on resume
             yield state.epoch
             if self._loader is not None:  # before EPOCH_END's checkpoint: see RunState
                 from prudent.data import loader_generator_states
@@ -413,6 +439,21 @@ class Run:
         if ctx.exit_on_stop:
             tell_launcher(int(ExitCode.PREEMPTED), message)
             raise SystemExit(int(ExitCode.PREEMPTED))
+
+
+def _on_devices_of(like: Any, saved: Any) -> Any:
+    """``saved`` (loaded on the CPU) with each tensor on the device of the tensor at the same
+    place in ``like``, the value the script just built."""
+    import torch
+
+    if isinstance(saved, torch.Tensor):
+        return saved.to(like.device) if isinstance(like, torch.Tensor) else saved
+    if isinstance(saved, (tuple, list)) and isinstance(like, (tuple, list)) \
+            and len(saved) == len(like):
+        return type(saved)(_on_devices_of(a, b) for a, b in zip(like, saved))
+    if isinstance(saved, dict) and isinstance(like, dict):
+        return {k: _on_devices_of(like.get(k), v) for k, v in saved.items()}
+    return saved
 
 
 def _resolve_device(setting: str, smoke: bool) -> Any:

@@ -280,11 +280,13 @@ class Checkpointer(Component):
                              "the script never attached it: attach it with run.attach(...)")
 
     def save(self, run: RunContext, reason: str, synchronous: bool = False, *,
-             every_rank: bool = True) -> None:
+             every_rank: bool = True, at_boundary: bool = False) -> None:
         """Checkpoint the run now (a snapshot; written in the background unless synchronous).
 
         Under torchrun every rank calls it at the same step (``every_rank``): each hands its
-        own part to rank 0, which writes."""
+        own part to rank 0, which writes. ``at_boundary``: asked between two steps (inside
+        ``run.log``): the position and torch's generator are the last boundary's
+        (``RunContext.boundary``), where a resumed loop starts again."""
         assert self.writer is not None
         state = run.state
         started = time.perf_counter()
@@ -313,6 +315,8 @@ class Checkpointer(Component):
         parts = parts or [rank_state(run)] + [None] * (self.ranks.world_size - 1)
         payload["run"]["ranks"] = parts
         meta["world"] = world_of([p or {"host": "?"} for p in parts])
+        if at_boundary and run.boundary is not None:
+            self._last_position = _as_at_boundary(run.boundary, payload, meta)
         prepared_s = time.perf_counter() - started
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
@@ -381,11 +385,15 @@ class Checkpointer(Component):
         name = checkpoint_name(run.state.step)
         self.pinned[label] = name  # before the save: the pin rides in the checkpoint itself
         self.writer.pinned = set(self.pinned.values())
-        if not self._at_saved_position(run):
+        state = run.state
+        boundary = run.boundary  # where a loop resumed from here would start
+        position = boundary[:3] if boundary is not None else (
+            state.step, state.epoch, state.batches_in_epoch)
+        if self._last_position != position:
             agreed = self._last_position
             # asked on rank 0 alone (from run.log): the other ranks' generators are not in
             # it (resumed from, they keep the script's streams; see checkpoint.ranks)
-            self.save(run, f"keep:{label}", every_rank=False)
+            self.save(run, f"keep:{label}", every_rank=False, at_boundary=True)
             if self.ranks.is_distributed:  # rank 0's own save: the agreed position stays
                 self._last_position = agreed
         return name
@@ -467,6 +475,22 @@ class Checkpointer(Component):
 
 def _default_location(run: RunContext) -> str:
     return default_location(run.id, run.run_dir)
+
+
+def _as_at_boundary(boundary: tuple[int, int, int, int, Any], payload: dict[str, Any],
+                    meta: dict[str, Any]) -> tuple[int, int, int]:
+    """Make a checkpoint taken between two steps hold the last boundary's position and
+    torch generator (what the loop drew since, an evaluation's batches, is drawn again when
+    it resumes there); returns the position."""
+    step, epoch, batches, before, torch_state = boundary
+    payload["run"]["state"].update(epoch=epoch, batches_in_epoch=batches,
+                                   epoch_samples_before=before)
+    payload["run"]["rng"]["torch"] = torch_state
+    for part in payload["run"].get("ranks") or []:
+        if part is not None:  # this rank's own (rank 0's: keep is asked there alone)
+            part["rng"] = {**part["rng"], "torch": torch_state}
+    meta.update(epoch=epoch, batches_in_epoch=batches)
+    return step, epoch, batches
 
 
 def _group_of(run: RunContext) -> Any:

@@ -1,0 +1,34 @@
+"""nanoGPT's own loop shape (scripts/nanogpt_prefetch.py): the next batch drawn after the
+forward pass and kept across run.step() with run.carry, the evaluation at the top of an
+iteration on the global generator, dropout on. A machine that vanishes right after early
+stopping kept a checkpoint from inside run.log resumes from that checkpoint and ends
+bit-identical to the run that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from tests.e2e.conftest import Project, script
+from tests.e2e.test_resume import assert_identical
+
+PREFETCH = script("nanogpt_prefetch.py")
+
+
+def test_resumed_from_a_checkpoint_kept_inside_run_log_the_run_is_bit_identical(
+        project: Project) -> None:
+    project.env.update({"PRUDENT_CHECKPOINT_EVERY": "off"})  # only early stopping's keeps
+    reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--",
+                                sys.executable, PREFETCH)
+    assert reference.returncode == 0, reference.stderr
+    killed = project.prudent("run", "--run-id", "kill", "--max-restarts", "1", "--set",
+                             "die_at=25", "--", sys.executable, PREFETCH)
+    assert killed.returncode == 0, killed.stderr
+    # the newest checkpoint is the one early stopping kept at iteration 20's evaluation,
+    # after that evaluation drew its batches and with iteration 20's batch prefetched
+    assert "resumed from ckpt-0000000020: step 20 of 60" in killed.stderr
+    manifest = project.path / ".prudent/runs/kill/checkpoints/ckpt-0000000020/manifest.json"
+    assert json.loads(manifest.read_text())["reason"] == "keep:best"
+    assert_identical(torch.load(project.path / "ref.pt"), torch.load(project.path / "final.pt"))
