@@ -181,6 +181,21 @@ def test_exception_marks_run_failed_with_trimmed_traceback(settings: ProjectSett
     store.close()
 
 
+def test_a_users_folder_named_prudent_keeps_its_frames_in_the_traceback(tmp_path: Path) -> None:
+    from prudent.context import trimmed_traceback
+
+    script = tmp_path / "prudent" / "train.py"  # `git clone` of prudent: the default folder
+    script.parent.mkdir()
+    script.write_text("def train():\n    return 1 / 0\n")
+    namespace: dict = {}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    try:
+        namespace["train"]()
+    except ZeroDivisionError as exc:
+        kept = trimmed_traceback(exc)
+    assert str(script) in kept and "return 1 / 0" in kept
+
+
 def test_keyboard_interrupt_is_recorded_as_interrupted(settings: ProjectSettings) -> None:
     run = prudent.init(name="ctrl-c", settings=settings, exit_on_stop=False)
     with pytest.raises(KeyboardInterrupt), run:

@@ -612,10 +612,15 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # prudent's own modules
+
+
 def trimmed_traceback(exc: BaseException) -> str:
-    """The traceback without prudent's own frames: the user's code is what matters."""
+    """The traceback without prudent's own frames: the user's code is what matters. prudent's
+    frames are those of its installed package's files (not any path with "prudent" in it:
+    a project folder named prudent, a clone of this repository, keeps its frames)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if f"{os.sep}prudent{os.sep}" not in f.filename]
+              if not os.path.abspath(f.filename).startswith(_PACKAGE_DIR)]
     return "".join(traceback.format_list(frames[-10:])) + describe(exc)
 
 
