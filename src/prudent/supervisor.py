@@ -85,6 +85,14 @@ class Supervisor:
         """Launch, wait, record, relaunch while allowed; returns the CLI's exit code."""
         store = Store.open(self.settings.store)
         try:
+            done = store.get_run(self.run_id)
+            if done is not None and done["status"] == "completed":
+                # a finished run stays finished: resumed, it would train its last steps
+                # again (twice the rows, a restart counted, the duration inflated)
+                print(f"prudent | {self.run_id} | already completed at step {done['step']}; "
+                      "nothing trained: give another --run-id to train again",
+                      file=sys.stderr, flush=True)
+                return 0
             with self.forwarder:
                 return self._supervise(store)
         finally:

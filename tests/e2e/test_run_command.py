@@ -91,14 +91,31 @@ def test_checkpoints_that_cannot_be_written_stop_the_run_at_its_start_and_leave_
     assert listed.returncode == 0 and json.loads(listed.stdout) == []  # nothing ran
 
 
-def test_same_run_id_again_continues_the_run_and_counts_a_restart(project: Project) -> None:
-    for _ in range(2):
-        result = project.prudent("run", "--run-id", "again", "--set", "epochs=1", "--",
-                                 sys.executable, script("design_api.py"))
-        assert result.returncode == 0, result.stderr
-    shown = project.show("again")
-    assert shown["restarts"] == 1 and shown["status"] == "completed"
-    assert [e["name"] for e in shown["events"]].count("relaunch") == 1
+def test_a_completed_run_id_started_again_trains_nothing_and_writes_nothing(
+        project: Project) -> None:
+    command = ["run", "--run-id", "again", "--set", "epochs=1", "--", sys.executable,
+               script("design_api.py")]
+    first = project.prudent(*command)
+    assert first.returncode == 0, first.stderr
+    before, rows = project.show("again"), _rows(project, "again")
+    assert rows[0] and rows[1]
+    again = project.prudent(*command)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.strip() == (f"prudent | again | already completed at step "
+                                    f"{before['step']}; nothing trained: give another --run-id "
+                                    "to train again")
+    after = project.show("again")
+    assert (after["restarts"], after["status"], after["step"]) == (0, "completed", before["step"])
+    assert _rows(project, "again") == rows  # not one metric row or event more
+
+
+def _rows(project: Project, run_id: str) -> tuple[int, int]:
+    """The run's events and metric rows in the project's store."""
+    store = Store(f"sqlite:///{project.path / '.prudent' / 'prudent.db'}")
+    try:
+        return len(store.events(run_id)), store.count_metrics(run_id)
+    finally:
+        store.close()
 
 
 def _start_slow(project: Project, run_id: str) -> subprocess.Popen[str]:

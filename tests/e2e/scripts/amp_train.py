@@ -16,6 +16,7 @@ import prudent
 run = prudent.init(name="amp", config={"steps": 200, "lr": 0.05, "overflow_at": [],
                                        "kill_at_step": -1, "out": "final.pt"})
 cfg = run.config
+out = cfg["out"]  # read with the others, not only once training is over
 torch.manual_seed(0)
 x = torch.randn(2048, 16)
 y = (x[:, :4].sum(1) > 0).long()
@@ -40,5 +41,5 @@ with run:
             log.write(f"{os.getpid()} {run.state.step}\n")
         if run.state.step == cfg["kill_at_step"]:
             os.kill(os.getpid(), signal.SIGKILL)
-torch.save({**model.state_dict(), "scale": torch.tensor(scaler.get_scale())}, cfg["out"])
+torch.save({**model.state_dict(), "scale": torch.tensor(scaler.get_scale())}, out)
 print(f"DONE {run.state.step} scale {scaler.get_scale()}")

@@ -17,6 +17,7 @@ import prudent
 run = prudent.init(name="bigram", config={"iters": 600, "accum": 2, "kill_at_step": -1,
                                           "sleep_s": 0.0, "out": "final.pt"})
 cfg = run.config
+out = cfg["out"]  # read with the others, not only once training is over
 torch.manual_seed(0)
 text = torch.tensor(list(("the quick brown fox jumps over the lazy dog " * 200).encode()))
 generator = torch.Generator().manual_seed(0)
@@ -37,4 +38,4 @@ with run:
         time.sleep(cfg["sleep_s"])
         if run.state.step == cfg["kill_at_step"]:
             os.kill(os.getpid(), signal.SIGKILL)
-torch.save(model.state_dict(), cfg["out"])
+torch.save(model.state_dict(), out)

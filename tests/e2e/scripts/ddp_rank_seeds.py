@@ -24,6 +24,7 @@ import prudent  # noqa: E402
 run = prudent.init(name="seeds", config={"iters": 40, "stop_rank1_at": 0, "crash_rank1_at": 0,
                                          "out": "final.pt"})
 cfg = run.config
+out = cfg["out"]  # read with the others, not only once training is over
 torch.manual_seed(1337 + rank)
 data = torch.randn(512, 16)
 targets = (data.sum(dim=1) > 0).long()
@@ -48,5 +49,5 @@ with run, open(f"rank{rank}.log", "a") as log:
         log.flush()
         run.step(loss=loss)
 if rank == 0:
-    torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, cfg["out"])
+    torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, out)
 dist.destroy_process_group()

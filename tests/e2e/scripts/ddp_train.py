@@ -17,6 +17,7 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo")
 run = prudent.init(name="ddp", config={"epochs": 2, "stop_rank1_at": 0, "out": "final.pt"})
 cfg = run.config
+out = cfg["out"]  # read with the others, not only once training is over
 rank = dist.get_rank()
 torch.manual_seed(0)
 features = torch.randn(256, 8)
@@ -40,5 +41,5 @@ with run, open(f"rank{rank}.log", "a") as log:
             log.flush()
             run.step(loss=loss)
 if rank == 0:
-    torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, cfg["out"])
+    torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, out)
 dist.destroy_process_group()

@@ -24,6 +24,7 @@ mesh = init_device_mesh("cpu", (dist.get_world_size(),))
 run = prudent.init(name="fsdp2", config={"epochs": 2, "nan_rank1_at": 0, "stop_rank1_at": 0,
                                          "out": ""})
 cfg = run.config
+out = cfg["out"]  # read with the others, not only once training is over
 rank = dist.get_rank()
 torch.manual_seed(0)
 features = torch.randn(800, 8)
@@ -53,11 +54,11 @@ with run, open(f"rank{rank}.log", "a") as log:
             log.write(f"{os.getpid()} {run.state.step + 1} {norm.full_tensor().item()!r}\n")
             log.flush()
             run.step(loss=loss)
-if cfg["out"]:
+if out:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state, optimizer_state = get_state_dict(model, opt, options=full)  # every rank
     if rank == 0:
-        torch.save({"model": model_state, "optimizer": optimizer_state}, cfg["out"])
+        torch.save({"model": model_state, "optimizer": optimizer_state}, out)
 dist.destroy_process_group()

@@ -60,6 +60,7 @@ cb = PrudentCallback(name="keras-train", config={
     "learning_rate": 0.05, "hidden": 32, "epochs": 3, "batch_size": 64, "nan_at_step": -1,
     "sleep_s": 0.0, "kill_at_step": -1, "out": "final.npz", "dropout": 0.0})
 cfg = cb.config
+out = cfg["out"]  # read with the others, not only once training is over
 keras.utils.set_random_seed(0)
 (x, y), (xv, yv) = digits()
 model = keras.Sequential([keras.Input((64,)), Poison(),
@@ -72,5 +73,5 @@ model.compile(optimizer=keras.optimizers.SGD(cfg["learning_rate"], momentum=0.9)
 model.fit(x, y, epochs=cfg["epochs"], batch_size=cfg["batch_size"], validation_data=(xv, yv),
           verbose=0, callbacks=[Knobs(cfg["nan_at_step"], cfg["sleep_s"], cfg["kill_at_step"]), cb])
 state = [keras.ops.convert_to_numpy(v) for v in model.weights + model.optimizer.variables]
-np.savez(cfg["out"], *state)
+np.savez(out, *state)
 print(f"DONE {int(keras.ops.convert_to_numpy(model.optimizer.iterations))}")

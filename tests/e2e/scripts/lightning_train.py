@@ -49,6 +49,7 @@ cb = PrudentCallback(name="lightning-train", config={
     "lr": 0.05, "hidden": 32, "max_epochs": 3, "batch_size": 64, "nan_at_step": -1,
     "sleep_s": 0.0, "kill_at_step": -1, "out": "final.pt", "resumable": True})
 cfg = cb.config
+out = cfg["out"]  # read with the others, not only once training is over
 L.seed_everything(0, verbose=False)
 train_loader, val_loader = digits_loaders(cfg["batch_size"])
 model = Knobs(cfg["nan_at_step"], cfg["sleep_s"], cfg["kill_at_step"], lr=cfg["lr"],
@@ -59,5 +60,5 @@ trainer = L.Trainer(max_epochs=cfg["max_epochs"], callbacks=[cb], accelerator="c
 if cfg["resumable"]:
     train_loader = resumable(train_loader)
 trainer.fit(model, train_loader, val_loader, ckpt_path=cb.resume_path())
-torch.save(model.state_dict(), cfg["out"])
+torch.save(model.state_dict(), out)
 print(f"DONE {trainer.global_step}")

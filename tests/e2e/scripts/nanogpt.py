@@ -30,6 +30,7 @@ run = prudent.init(name="nanogpt", config={
     "weight_decay": 0.1, "n_layer": 2, "n_head": 2, "n_embd": 32, "seed": 1337, "threads": 0,
     "sleep_s": 0.0, "out": "", "own_counter": False})
 cfg = run.config
+out = cfg["out"]  # read with the others, not only once training is over
 if cfg["threads"]:
     torch.set_num_threads(cfg["threads"])
 
@@ -159,5 +160,5 @@ with run:
         if cfg["sleep_s"]:
             time.sleep(cfg["sleep_s"])  # e2e tests: time to kill it mid-run
     run.log(val_loss=estimate_loss())
-if cfg["out"]:
-    torch.save(model.state_dict(), cfg["out"])
+if out:
+    torch.save(model.state_dict(), out)

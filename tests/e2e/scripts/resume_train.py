@@ -18,6 +18,7 @@ torch.set_num_threads(1)
 run = prudent.init(name="resume", config={"epochs": 3, "out": "final.pt", "log": "steps.log",
                                           "sleep_s": 0.0, "hidden": 64, "workers": 2})
 cfg = run.config
+out = cfg["out"]  # read with the others, not only once training is over
 torch.manual_seed(0)
 features = torch.randn(384, 16)
 labels = (features[:, :3].sum(1) > 0).long()
@@ -42,4 +43,4 @@ with run, open(cfg["log"], "a") as log:
             run.step(loss=loss)
             time.sleep(cfg["sleep_s"])
 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict()}, cfg["out"])
+            "scheduler": sched.state_dict()}, out)

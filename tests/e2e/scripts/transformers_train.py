@@ -30,6 +30,7 @@ cb = PrudentCallback(name="transformers-train", config={
     "learning_rate": 2e-3, "num_train_epochs": 2, "per_device_train_batch_size": 32, "seed": 0,
     "nan_at_step": -1, "sleep_s": 0.0, "kill_at_step": -1, "out": "final.pt"})
 cfg = cb.config
+out = cfg["out"]  # read with the others, not only once training is over
 torch.manual_seed(0)
 model = BertForSequenceClassification(BertConfig(
     vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
@@ -60,5 +61,5 @@ trainer = Trainer(model=model, args=args, train_dataset=MarkerSequences(256, 0),
                   eval_dataset=MarkerSequences(64, 1), compute_metrics=accuracy,
                   callbacks=[cb, knobs])
 trainer.train(resume_from_checkpoint=cb.resume_path())
-torch.save({k: v.clone() for k, v in model.state_dict().items()}, cfg["out"])
+torch.save({k: v.clone() for k, v in model.state_dict().items()}, out)
 print(f"DONE {trainer.state.global_step}")
