@@ -122,3 +122,29 @@ def test_help_exits_0(tmp_path):
     result = _prudent(tmp_path, "runs", "--help")
     assert result.returncode == 0, result.stderr
     assert "Usage:" in result.stdout
+
+
+def test_show_and_runs_print_messages_with_brackets_as_text(tmp_path):
+    """An event quoting gloo's "[/__w/pytorch/...]" (a lost rank) crashed `prudent show` on
+    Rich's markup; names and stop reasons are the user's text too."""
+    import json
+    import time
+
+    from prudent.store import Store
+
+    (tmp_path / ".prudent").mkdir()
+    store = Store(f"sqlite:///{tmp_path / '.prudent' / 'prudent.db'}")
+    store.create_run("r1", "[bold]name", command="python train.py", host="h")
+    store.add_events([{"run_id": "r1", "step": 41, "kind": "lifecycle", "name": "rank_lost",
+                       "message": "lost ([/__w/pytorch/gloo/pair.cc:553] Connection closed)",
+                       "payload": json.dumps({}), "wall": time.time()}])
+    store.close()
+    env = {**os.environ, "PRUDENT_HOME": str(tmp_path / ".prudent"), "COLUMNS": "200"}
+    shown = subprocess.run([sys.executable, "-m", "prudent", "show", "r1"], cwd=tmp_path,
+                           env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "[/__w/pytorch/gloo/pair.cc:553] Connection closed" in shown.stdout
+    assert "[bold]name" in shown.stdout
+    listed = subprocess.run([sys.executable, "-m", "prudent", "runs"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and "r1" in listed.stdout, listed.stderr

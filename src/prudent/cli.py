@@ -12,6 +12,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from prudent.config import load_settings
 from prudent.cost import commands as cost_commands
@@ -103,9 +104,9 @@ def runs(
     table.columns[-1].overflow = "fold"
     table.add_column("id", no_wrap=True)
     for r in rows:
-        table.add_row(r["status"], r["stop_reason"] or "", _duration(r["duration_s"]),
+        table.add_row(r["status"], Text(r["stop_reason"] or ""), _duration(r["duration_s"]),
                       str(r["step"]), str(r["restarts"]), f"{r['cost_usd']:.2f}",
-                      _metrics_text(r["metrics"]), r["id"])
+                      Text(_metrics_text(r["metrics"])), Text(r["id"]))
     Console(width=max(Console().width, 120)).print(table)
 
 
@@ -184,7 +185,7 @@ def _summary(store: Store, run: dict[str, Any]) -> dict[str, Any]:
 def _print_detail(d: dict[str, Any]) -> None:
     console = Console()
     reason = f" ({d['stop_reason']})" if d["stop_reason"] else ""
-    console.print(f"[bold]{d['id']}[/bold]  {d['name']}  {d['status']}{reason}")
+    console.print(Text.assemble((d["id"], "bold"), f"  {d['name']}  {d['status']}{reason}"))
     console.print(f"host {d['host']}  started {_when(d['started_at'])}  "
                   f"duration {_duration(d['duration_s'])}  steps {d['step']}  "
                   f"restarts {d['restarts']}  cost ${d['cost_usd']:.2f}  exit {d['exit_code']}")
@@ -193,7 +194,8 @@ def _print_detail(d: dict[str, Any]) -> None:
     console.print(f"metrics: {_metrics_text(d['metrics'], limit=None)}", markup=False)
     table = Table("step", "kind", "name", "message", title="events")
     for e in d["events"]:
-        table.add_row(str(e["step"]), e["kind"], e["name"], e["message"])
+        # messages quote errors and paths ("[/__w/pytorch/...]"): text, never markup
+        table.add_row(str(e["step"]), e["kind"], e["name"], Text(e["message"]))
     console.print(table)
 
 
