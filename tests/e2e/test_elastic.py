@@ -133,6 +133,8 @@ def test_a_machine_killed_mid_run_leaves_and_rejoins_and_the_job_goes_on(
     messages = " | ".join(e["message"] for e in events)
     assert any(e["name"] == "rank_lost" for e in events), messages
     assert "node-b left" in messages and "node-b joined" in messages, messages
+    shown = node_a.prudent("show", "elastic-train-elastic")  # as a person reads it
+    assert shown.returncode == 0 and "membership" in shown.stdout, shown.stderr
     lines = logged(logs)
     alone = next(i for i, line in enumerate(lines) if line[2] == "1")
     lost = max(int(line[1]) for line in lines[:alone]) - int(lines[alone][0])
