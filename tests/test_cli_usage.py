@@ -148,3 +148,10 @@ def test_show_and_runs_print_messages_with_brackets_as_text(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "prudent", "runs"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0 and "r1" in listed.stdout, listed.stderr
+
+
+def test_version_prints_the_packages_version(tmp_path):
+    import prudent
+
+    result = _prudent(tmp_path, "--version")
+    assert (result.returncode, result.stdout.strip()) == (0, f"prudent {prudent.__version__}")

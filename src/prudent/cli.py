@@ -31,6 +31,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default ./prudent.yaml).")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from prudent import __version__
+
+        typer.echo(f"prudent {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version,
+                                          is_eager=True, help="Print prudent's version.")) -> None:
+    """Common-sense guardrails for training ML models in the cloud."""
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     context: typer.Context,
