@@ -28,6 +28,7 @@ from prudent.profile.component import Profiler
 from prudent.profile.straggler import StragglerWatch
 from prudent.record.sync import RecordSync
 from prudent.recorder import MetricsRecorder
+from prudent.tracking.component import TrackingComponent
 from prudent.tune.trial import trial_from_env, under_tuner
 from prudent.unread_config import UnreadConfigWatch
 
@@ -97,6 +98,9 @@ DEFAULT_COMPONENTS: list[ComponentFactory] = [
     else None,
     # on by default: $0 until an instance is known; stops before a budget or policy limit
     lambda settings, spec: CostMeter(settings.cost, quiet=_quiet(settings)),
+    # TensorBoard, MLflow (rank 0), fed from the store writer's thread; its end-of-run
+    # summary comes after the recorder's last metrics, the profile's summary and the meter's cost
+    lambda settings, spec: TrackingComponent.build(settings.tracking),
     # last on step_end: rules have had their say (a sick step is not saved as a periodic checkpoint)
     lambda settings, spec: Checkpointer(settings.checkpoint, quiet=_quiet(settings))
     if settings.checkpoint.enabled

@@ -11,6 +11,7 @@ validated before anything runs::
     debug:   {enabled: false, capture: true, max_bytes: 1GB}
     cost:    {instance: aws:g5.xlarge, spot: true, budget_usd: $40, max_hours: 12}
     policy:  {allowed_instances: ['aws:g5.*'], max_usd_per_day: 200}
+    tracking: {tensorboard: {logdir: runs}, mlflow: {tracking_uri: ..., experiment: ...}}
 
 Precedence, lowest first: model defaults, ``prudent.yaml``, ``PRUDENT_*`` variables, CLI flags.
 The user's hyperparameters are not here: they are ``run.config`` (see :mod:`prudent.hparams`).
@@ -38,6 +39,7 @@ from prudent.preemption.settings import PreemptionSettings
 from prudent.profile.settings import ProfileSettings
 from prudent.run import RunSettings
 from prudent.store import StoreSettings
+from prudent.tracking.settings import TrackingSettings
 
 __all__ = ["ENV_SETTINGS", "ProjectSettings", "RunSettings", "load_settings", "read_yaml_file"]
 
@@ -59,6 +61,7 @@ class ProjectSettings(BaseModel):
     debug: DebugSettings = Field(default_factory=DebugSettings)
     cost: CostSettings = Field(default_factory=CostSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,

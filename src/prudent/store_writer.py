@@ -9,14 +9,14 @@ import queue
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from prudent.events import EventKind
 from prudent.store import Store, describe_error
 
-__all__ = ["NullWriter", "StoreWriter", "to_floats"]
+__all__ = ["NullWriter", "StoreWriter", "WriterListener", "to_floats"]
 
 log = logging.getLogger("prudent.store")
 
@@ -45,6 +45,7 @@ class StoreWriter:
         self._outage_began_wall = 0.0
         self._dropped_in_outage = 0
         self._last_row: tuple[str, int] | None = None  # (run id, step) of the newest row queued
+        self._listeners: list[WriterListener] = []
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
@@ -66,6 +67,11 @@ class StoreWriter:
         self._last_row = (row["run_id"], row["step"])
         self._queue.put(("event", row))
 
+    def add_listener(self, listener: WriterListener) -> None:
+        """Also hand every metric row (as floats) and event to ``listener`` (the experiment
+        trackers), from this writer's thread; it is closed after the writer."""
+        self._listeners.append(listener)
+
     def flush(self, timeout_s: float = 30.0) -> None:
         """Block until everything queued so far is committed, or one try failed."""
         done = threading.Event()
@@ -77,6 +83,7 @@ class StoreWriter:
         if self._thread.is_alive():
             self._queue.put(("stop", time.monotonic() + max(0.0, timeout_s - 1.0)))
             self._thread.join(timeout_s)
+        close_listeners(self._listeners)
 
     def _loop(self) -> None:
         rows: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
@@ -104,9 +111,12 @@ class StoreWriter:
               waiters: list[threading.Event]) -> float | None:
         kind = item[0]
         if kind == "metrics":
-            rows[0].extend(self._metric_rows(item[1], item[2], item[3]))
+            new_rows = self._metric_rows(item[1], item[2], item[3])
+            rows[0].extend(new_rows)
+            self._tell(new_rows, [])
         elif kind == "event":
             rows[1].append(item[1])
+            self._tell([], [item[1]])
         elif kind == "flush":
             waiters.append(item[1])
         excess = len(rows[0]) + len(rows[1]) - self.max_buffered_rows
@@ -114,6 +124,13 @@ class StoreWriter:
             self._drop(rows, min(excess, len(rows[0])), max(0, excess - len(rows[0])),
                        f"more than {self.max_buffered_rows} rows waited for the run store")
         return item[1] if kind == "stop" else None
+
+    def _tell(self, metric_rows: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> None:
+        for listener in self._listeners:
+            try:
+                listener.take(metric_rows, event_rows)
+            except Exception as exc:  # a listener's bug must not stop the store's rows
+                self._report(exc)
 
     def _metric_rows(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]],
                      latest: bool) -> list[dict[str, Any]]:
@@ -200,6 +217,24 @@ class StoreWriter:
                         describe_error(exc))
 
 
+class WriterListener(Protocol):
+    """What :meth:`StoreWriter.add_listener` takes: ``take`` runs on the writer's thread and
+    must not block (queue the rows and return); ``close`` ends it once the writer is done."""
+
+    def take(self, metric_rows: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def close_listeners(listeners: list[WriterListener]) -> None:
+    for listener in listeners:
+        try:
+            listener.close()
+        except Exception as exc:  # the run's end goes on
+            log.warning("prudent: a store writer listener failed to close: %s", exc)
+    listeners.clear()
+
+
 class NullWriter:
     """A StoreWriter that keeps nothing: for torchrun ranks other than 0."""
 
@@ -207,6 +242,10 @@ class NullWriter:
 
     def __init__(self) -> None:
         self.latest: dict[str, float] = {}
+        self._listeners: list[WriterListener] = []
+
+    def add_listener(self, listener: WriterListener) -> None:
+        self._listeners.append(listener)  # told nothing; closed with the writer
 
     def put_metrics(self, run_id: str, steps: list[tuple[int, float, dict[str, Any]]],
                     latest: bool = True) -> None:
@@ -219,7 +258,7 @@ class NullWriter:
         pass
 
     def close(self, timeout_s: float = 30.0) -> None:
-        pass
+        close_listeners(self._listeners)
 
 
 def to_floats(values: Iterable[Any]) -> list[float | None]:

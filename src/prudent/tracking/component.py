@@ -1,0 +1,91 @@
+"""TrackingComponent: plugs the configured trackers (TensorBoard, MLflow) into a run, on rank 0
+only (``main_rank_only``: under torchrun the other ranks get no tracker).
+
+It builds the sinks at the run's start (a tracker configured but not installed refuses the
+run, naming the extra), hands them the run's config, listens to the store writer for
+metrics and events, and at the end adds a summary: status, stop reason, verdict, cost, the
+profile's summary and the HTML report's path when there is one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prudent.events import Component
+from prudent.tracking.base import RunInfo, TrackerSink
+from prudent.tracking.dispatch import TrackingDispatcher
+from prudent.tracking.settings import TrackingSettings
+
+if TYPE_CHECKING:
+    from prudent.context import RunContext
+    from prudent.stop import StopReason
+
+__all__ = ["TrackingComponent", "build_sinks"]
+
+
+class TrackingComponent(Component):
+    name = "tracking"
+    main_rank_only = True
+
+    def __init__(self, settings: TrackingSettings, sinks: list[TrackerSink] | None = None) -> None:
+        """``sinks``: instead of those ``settings`` configure (a tracker of your own)."""
+        self.settings = settings
+        self.sinks = sinks
+        self.dispatcher: TrackingDispatcher | None = None
+
+    @classmethod
+    def build(cls, settings: TrackingSettings) -> TrackingComponent | None:
+        """None when no tracker is configured: the run pays nothing for this habit."""
+        return cls(settings) if any_tracker(settings) else None
+
+    def on_start(self, ctx: RunContext) -> None:
+        info = RunInfo(run_id=ctx.id, name=ctx.name, run_dir=ctx.run_dir)
+        sinks = self.sinks if self.sinks is not None else build_sinks(self.settings, info)
+        settings = self.settings
+        self.dispatcher = TrackingDispatcher(sinks, settings.flush_interval_s,
+                                             settings.max_buffered_rows, settings.close_timeout_s)
+        ctx.writer.add_listener(self.dispatcher)
+        config = ctx.config
+        untracked = getattr(config, "untracked", None)  # reading it is not the script's read
+        self.dispatcher.put("config", untracked() if untracked is not None else dict(config))
+
+    def on_end(self, ctx: RunContext, status: str, reason: StopReason | None) -> None:
+        if self.dispatcher is None:
+            return
+        self.dispatcher.status = status
+        self.dispatcher.put("summary", run_summary(ctx, status, reason))
+
+
+def any_tracker(settings: TrackingSettings) -> bool:
+    return any(s is not None and s.enabled
+               for s in (settings.tensorboard, settings.mlflow))
+
+
+def build_sinks(settings: TrackingSettings, info: RunInfo) -> list[TrackerSink]:
+    """The configured trackers' sinks (each imports its library here, not before)."""
+    sinks: list[TrackerSink] = []
+    if settings.tensorboard is not None and settings.tensorboard.enabled:
+        from prudent.tracking.tensorboard import TensorBoardSink
+
+        sinks.append(TensorBoardSink(settings.tensorboard, info))
+    if settings.mlflow is not None and settings.mlflow.enabled:
+        from prudent.tracking.mlflow import MlflowSink
+
+        sinks.append(MlflowSink(settings.mlflow, info))
+    return sinks
+
+
+def run_summary(ctx: RunContext, status: str, reason: StopReason | None) -> dict[str, Any]:
+    """The attempt's end as the trackers show it (the latest metrics arrive as metrics)."""
+    gauges = ctx.gauges
+    cost = gauges.get("cost_final_usd", gauges.get("cost_usd"))
+    how = f"{status} ({reason})" if reason is not None else status
+    verdict = f"run {ctx.id} {how}, {ctx.state.step} steps" + (
+        f"; cost ${cost:.2f}" if cost is not None else "")
+    report = ctx.run_dir / "report.html"
+    return {"status": status, "stop_reason": str(reason) if reason is not None else None,
+            "stop_message": reason.message if reason is not None else None,
+            "exit_code": ctx.exit_code,
+            "verdict": verdict, "step": ctx.state.step, "epoch": ctx.state.epoch,
+            "cost_usd": cost, "report_path": str(report) if report.is_file() else None}
+

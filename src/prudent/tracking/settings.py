@@ -1,0 +1,53 @@
+"""``tracking:`` in prudent.yaml: the experiment trackers that also see the run.
+
+    tracking:
+      tensorboard: {logdir: runs/tb}
+      mlflow: {tracking_uri: http://127.0.0.1:5000, experiment: digits}
+
+A tracker left out (or ``enabled: false``) is not used; each needs its extra
+(``pip install prudent[tensorboard]``, ``prudent[mlflow]``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["MlflowSettings", "TensorBoardSettings", "TrackingSettings"]
+
+
+class TensorBoardSettings(BaseModel):
+    """``tracking.tensorboard``: event files under ``<logdir>/<run id>``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="false: keep the section but send nothing.")
+    logdir: str = Field("runs", description="TensorBoard's logdir; each run writes a folder "
+                        "named after its run id in it (point `tensorboard --logdir` here).")
+
+
+class MlflowSettings(BaseModel):
+    """``tracking.mlflow``: one MLflow run per prudent run, continued on resume."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="false: keep the section but send nothing.")
+    tracking_uri: str | None = Field(None, description="MLflow's tracking URI (null: MLflow's "
+                                     "own default, MLFLOW_TRACKING_URI or ./mlruns).")
+    experiment: str | None = Field(None, description="Experiment name, created if missing "
+                                   "(null: MLflow's default experiment).")
+
+
+class TrackingSettings(BaseModel):
+    """``tracking:`` in prudent.yaml: a section per tracker; none configured sends nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tensorboard: TensorBoardSettings | None = Field(None, description="TensorBoard event files.")
+    mlflow: MlflowSettings | None = Field(None, description="An MLflow tracking server or folder.")
+    max_buffered_rows: int = Field(
+        50_000, ge=1, description="Rows kept per tracker while it does not answer; past this "
+        "the oldest are dropped and counted.")
+    flush_interval_s: float = Field(1.0, gt=0, description="Seconds between writes to trackers.")
+    close_timeout_s: float = Field(
+        10.0, ge=0, description="At the run's end, how long a tracker that does not answer is "
+        "tried again before what waits for it is dropped.")
