@@ -32,9 +32,8 @@ from prudent.stop import ExitCode, StopKind, StopReason, exit_bad_input
 from prudent.store import Store
 from prudent.store_writer import NullWriter, StoreWriter
 
-__all__ = ["NOTHING_CARRIED", "RunContext"]
+__all__ = ["RunContext"]
 
-NOTHING_CARRIED = object()  # run.carry: the checkpoint carried nothing
 _HOST_READS = 4  # tensors a step reads whose host value host_scalar remembers
 
 
@@ -96,8 +95,8 @@ class RunContext:
         # since (an evaluation on the global generator), so resuming from it re-does exactly
         # what the loop does again (see CheckpointManager.keep)
         self.boundary: tuple[int, int, int, int, Any] | None = None
-        self.carried: Any = None  # run.carry's value: travels in the checkpoint, per rank
-        self.resume_carried: Any = NOTHING_CARRIED  # the checkpoint's, for run.carry's first call
+        self.carried: dict[str, Any] = {}  # run.carry's values by name: in the checkpoint, per rank
+        self.resume_carried: dict[str, Any] = {}  # the checkpoint's, for each name's first call
         import torch
 
         self._torch_rng_state = torch.get_rng_state

@@ -150,26 +150,27 @@ class Run:
             restore_rng(ctx.resume_rng)
         return self
 
-    def carry(self, value: T) -> T:
-        """A value the loop keeps across ``run.step()``, travelling in the checkpoint: nanoGPT's
-        batch drawn after the forward pass for the next iteration. Returns ``value``;
-        resuming, the first call before the loop starts returns the value the checkpoint
-        carried instead (on the devices of ``value``), so the loop trains on the batch the
-        interrupted run had drawn::
+    def carry(self, value: T, name: str = "batch") -> T:
+        """A value the loop keeps across ``run.step()``, travelling in the checkpoint (each
+        rank's own): nanoGPT's batch drawn after the forward pass for the next iteration, or
+        a number it keeps from one iteration to the next (``best_val_loss``). Returns
+        ``value``; resuming, the first call of each ``name`` before the loop starts returns
+        the value the checkpoint carried instead (tensors on the devices of ``value``)::
 
             X, Y = run.carry(get_batch("train"))      # before the loop
+            best = run.carry(1e9, "best_val_loss")
             for it in run.steps(max_iters):
                 ...
                 X, Y = run.carry(get_batch("train"))  # the prefetch, where it was
+                if val < best:
+                    best = run.carry(val, "best_val_loss")
         """
-        from prudent.context import NOTHING_CARRIED
-
         ctx = self.context
-        if ctx.resume_carried is not NOTHING_CARRIED:
-            saved, ctx.resume_carried = ctx.resume_carried, NOTHING_CARRIED
+        if name in ctx.resume_carried:
+            saved = ctx.resume_carried.pop(name)
             if not self._positioned:
                 value = _on_devices_of(value, saved)
-        ctx.carried = value
+        ctx.carried[name] = value
         return value
 
     def steps(self, num_steps: int) -> Iterator[int]:

@@ -29,7 +29,7 @@ def rank_state(run: RunContext) -> dict[str, Any]:
 
     state = run.state
     return {"rng": capture_rng(), "epoch_rng": state.epoch_rng, "loader_rng": state.loader_rng,
-            "host": host_name(), "carried": run.carried}
+            "host": host_name(), "carried": dict(run.carried)}
 
 
 def world_of(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -48,8 +48,7 @@ def restore_rank_state(run: RunContext, saved_run: dict[str, Any], ranks: Ranks)
         mine = parts[ranks.rank]
         run.resume_rng = mine["rng"]
         run.state.epoch_rng, run.state.loader_rng = mine["epoch_rng"], mine["loader_rng"]
-        if mine.get("carried") is not None:
-            run.resume_carried = mine["carried"]
+        run.resume_carried = dict(mine.get("carried") or {})
         return
     run.resume_rng = {}  # restores nothing: the streams the script seeded go on
     run.record_event(EventKind.CHECKPOINT, "rank_fresh", f"rank {ranks.rank} is not in the "

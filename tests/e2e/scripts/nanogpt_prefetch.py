@@ -2,9 +2,10 @@
 right after the forward pass (a prefetch: the batch the next iteration trains on lives in
 `X, Y` across `run.step()`), the evaluation at the top of an iteration draws its batches from
 the global generator, and dropout is on. prudent's lines: `run.carry` around the two
-`get_batch('train')` calls; early stopping keeps each new best evaluation's checkpoint from
-inside `run.log`. `die_at` SIGKILLs the process at that iteration once (a vanished machine; a
-`died` file marks it); `out` writes the final weights."""
+`get_batch('train')` calls and `best_val_loss` (kept across iterations); early stopping keeps
+each new best evaluation's checkpoint from inside `run.log`. `die_at` SIGKILLs the process at
+that iteration once (a vanished machine; a `died` file marks it); `out` writes the final
+weights and `best_val_loss`."""
 
 import os
 import signal
@@ -60,10 +61,14 @@ model = TinyLM()
 optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"])
 run.attach(model=model, optimizer=optimizer)
 X, Y = run.carry(get_batch("train"))  # fetch the very first batch
+best_val_loss = run.carry(1e9, "best_val_loss")  # nanoGPT keeps it across iterations
 with run:
     for iter_num in run.steps(cfg["max_iters"]):
         if iter_num % cfg["eval_interval"] == 0:
-            run.log(val_loss=estimate_loss())
+            val_loss = estimate_loss()
+            run.log(val_loss=val_loss)
+            if val_loss < best_val_loss:
+                best_val_loss = run.carry(val_loss, "best_val_loss")
         if cfg["die_at"] and iter_num == cfg["die_at"] and not os.path.exists("died"):
             open("died", "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
@@ -73,4 +78,4 @@ with run:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         run.step(loss=loss)
-torch.save(model.state_dict(), out)
+torch.save({**model.state_dict(), "best_val_loss": torch.tensor(best_val_loss)}, out)
