@@ -8,7 +8,7 @@ python=${PYTHON:-python3}
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
 "${pip[@]}" install "torch==2.13.0"
-"${pip[@]}" install -e ".[dev,examples,tune,ui,lightning,transformers,keras,bench]" "$@"
+"${pip[@]}" install -e ".[dev,examples,tune,ui,lightning,transformers,keras,bench,ft]" "$@"
 # The report's and dashboard's chart bundle (Plotly's basic partial bundle) from the npm
 # registry, pinned by src/prudent/report/package-lock.json; a wheel built after this carries it.
 # Without npm every page takes the full bundle of the plotly Python package (slower to open).

@@ -88,7 +88,8 @@ class EventKind(str, Enum):
 
 # Every (kind, name) a run records; None: the name is a rule's name or a finding's id.
 RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
-    EventKind.LIFECYCLE: ("start", "stop_requested", "end", "rank_lost", "membership"),
+    EventKind.LIFECYCLE: ("start", "stop_requested", "end", "rank_lost", "membership",
+                          "healed", "not_committed"),
     EventKind.SUPERVISOR: ("exit", "end"),
     EventKind.CHECKPOINT: ("skipped", "fresh_start", "resumed", "emergency_skipped",
                            "not_restored", "save_failed", "saved", "interval", "record_imported",
