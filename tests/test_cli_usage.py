@@ -10,7 +10,9 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,16 +76,15 @@ def _prudent(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-def _unboxed(text: str) -> str:
-    """The text without rich's panel borders and line wrapping, so a message reads as one line."""
-    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
-
-
 def _assert_usage_error(result: subprocess.CompletedProcess[str], message: str) -> None:
+    """click's usage line and help hint, then the same one line as any other error of prudent's."""
     assert "Traceback" not in result.stderr + result.stdout, result.stderr
     assert result.returncode == 2, (result.returncode, result.stderr)
     assert re.search(r"^\s*Usage: .*prudent", result.stderr, re.MULTILINE), result.stderr
-    assert re.search(message, _unboxed(result.stderr)), result.stderr
+    assert not re.search(r"[│╭╮╰╯]", result.stderr), result.stderr  # no rich error box
+    *_, last = result.stderr.rstrip("\n").splitlines()
+    assert last.startswith("prudent: error: "), result.stderr
+    assert re.search(message, last), result.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), _cases(UNKNOWN_COMMAND))
@@ -155,3 +156,93 @@ def test_version_prints_the_packages_version(tmp_path):
 
     result = _prudent(tmp_path, "--version")
     assert (result.returncode, result.stdout.strip()) == (0, f"prudent {prudent.__version__}")
+
+
+def _commands(command: Any = None, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command path of the CLI, the group itself and the subgroups' commands included."""
+    import typer.main
+
+    from prudent.cli import app
+
+    command = command or typer.main.get_command(app)
+    yield path
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def _help(*path: str) -> str:
+    from typer.testing import CliRunner
+
+    from prudent.cli import app
+
+    result = CliRunner().invoke(app, [*path, "--help"], prog_name="prudent")
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+COMMANDS = [pytest.param(path, id=" ".join(path) or "prudent") for path in _commands()]
+
+
+@pytest.mark.parametrize("path", COMMANDS)
+def test_help_shows_no_python_type_labels(path):
+    """typer >= 0.26 writes each parameter's Python type (<bool>, <str>, <list[str]>) next to
+    it, --help's own included; a user reads names and metavars (RUN, FILE, N), as click does."""
+    shown = _help(*path)
+    assert not re.search(r"<(bool|str|int|float|list\[\w+\]|int range|float range|path)>",
+                         shown), shown
+
+
+@pytest.mark.parametrize("path", COMMANDS)
+def test_usage_line_names_arguments_the_same_way(path):
+    """Arguments upper case, an optional one in one pair of brackets: `[RUN]`, never `[[RUN]]`,
+    and never typer's `{RUN}` beside a lower-case `{name}`."""
+    (usage,) = [line for line in _help(*path).splitlines() if "Usage:" in line]
+    assert "{" not in usage and "[[" not in usage, usage
+    words = usage.split("[OPTIONS]", 1)[-1].replace("[", " ").replace("]", " ").split()
+    assert all(word.rstrip(".") == word.rstrip(".").upper() for word in words), usage
+
+
+@pytest.mark.parametrize("path", COMMANDS)
+def test_help_names_no_source_file(path):
+    """`tune --help` once said "default: tune/strategy.py's, now tpe": a user cannot know it."""
+    shown = _help(*path)
+    assert not re.search(r"\w+/\w+\.py\b", shown), shown
+    assert "strategy.py" not in shown
+
+
+@pytest.mark.parametrize("path", [p for p in COMMANDS if p.values[0]])
+def test_description_paragraphs_have_no_line_break(path):
+    """Rich help keeps a docstring's single line breaks: one inside a sentence is printed as a
+    broken line (`report`'s did). Paragraphs are separated by a blank line instead."""
+    import inspect
+
+    import typer.main
+
+    from prudent.cli import app
+
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    for paragraph in inspect.cleandoc(command.help or "").split("\n\n"):
+        assert "\n" not in paragraph, (path, paragraph)
+
+
+def test_report_description_reads_as_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRUDENT_")}
+    result = subprocess.run([sys.executable, "-m", "prudent", "report", "--help"], cwd=tmp_path,
+                            env={**env, "COLUMNS": "200"}, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = [line.strip() for line in result.stdout.splitlines()]
+    assert ("One HTML file with a run's (or a study's) curves, events, profile and cost."
+            in lines), result.stdout
+
+
+def test_a_usage_error_and_a_prudent_error_read_alike(tmp_path):
+    """One error style: the last line of stderr is `prudent: error: ...`, exit 2, for a bad
+    flag (click's usage error) as for a run that does not exist (prudent's own)."""
+    for args in (["runs", "--bogus"], ["show", "no-such-run"], ["report"]):
+        result = _prudent(tmp_path, *args)
+        *_, last = result.stderr.rstrip("\n").splitlines()
+        assert (result.returncode, last[:16]) == (2, "prudent: error: "), result.stderr
+        assert not re.search(r"[│╭╮╰╯]", result.stderr), result.stderr

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from prudent.config import load_settings
 from prudent.cost import commands as cost_commands
@@ -25,10 +26,65 @@ from prudent.report import commands as report_commands
 from prudent.store import Store, resolve_run
 from prudent.tune import commands as tune_commands
 
+
+class _PlainArgument(TyperArgument):
+    """An argument as click writes it: ``RUN``, ``[RUN]``, ``[COMMAND]...``; no type label."""
+
+    @property
+    def display_name_raw(self) -> str:
+        return self.metavar or (self.name or "").upper()
+
+    def display_type_rich(self, ctx: typer.Context) -> str | None:
+        return None
+
+    def get_usage_pieces(self, ctx: typer.Context) -> list[str]:
+        name = self.display_name_raw if self.required else f"[{self.display_name_raw}]"
+        return [name + ("..." if self.nargs != 1 else "")]
+
+
+class _PlainOption(TyperOption):
+    """A flag shows no value; an option its metavar, or its name: ``--run-id RUN_ID``."""
+
+    def display_type_rich(self, ctx: typer.Context) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        return self.metavar or max(self.opts, key=len).lstrip("-").replace("-", "_").upper()
+
+
+def _plain(thing: Any) -> Any:
+    """typer >= 0.26 labels every parameter with its Python type (``<bool>``, ``<str>``) and has
+    no setting to turn that off: its own classes become the plain ones above. Only typer's exact
+    classes are swapped; a subclass of someone else's keeps its behaviour."""
+    plain = {TyperArgument: _PlainArgument, TyperOption: _PlainOption,
+             TyperCommand: PrudentCommand, TyperGroup: PrudentGroup}.get(type(thing))
+    if plain is not None:
+        thing.__class__ = plain
+    return thing
+
+
+class PrudentCommand(TyperCommand):
+    """A typer command whose help shows names and metavars, never Python types."""
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        return [_plain(param) for param in super().get_params(ctx)]
+
+
+class PrudentGroup(TyperGroup):
+    """The same for a group, and for every command and subgroup found under it."""
+
+    def get_params(self, ctx: typer.Context) -> list[Any]:
+        return [_plain(param) for param in super().get_params(ctx)]
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        return _plain(super().get_command(ctx, cmd_name))
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  cls=PrudentGroup,
                   help="Common-sense guardrails for training ML models in the cloud.")
 
-ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default ./prudent.yaml).")
+ConfigOption = typer.Option(None, "--config", "-c", metavar="FILE",
+                            help="Settings file (default ./prudent.yaml).")
 
 
 def _print_version(value: bool) -> None:
@@ -49,30 +105,39 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
 def run(
     context: typer.Context,
     command: list[str] | None = typer.Argument(None, help="The training command, after --."),
-    run_id: str | None = typer.Option(None, "--run-id", help="Continue (or name) this run."),
-    name: str | None = typer.Option(None, "--name", help="A human name for the run."),
-    set_: list[str] | None = typer.Option(None, "--set", help="Override a hyperparameter: "
-                                             "--set lr=0.01 (YAML value); repeatable."),
+    run_id: str | None = typer.Option(None, "--run-id", metavar="RUN",
+                                      help="Continue (or name) this run."),
+    name: str | None = typer.Option(None, "--name", metavar="NAME",
+                                    help="A human name for the run."),
+    set_: list[str] | None = typer.Option(None, "--set", metavar="KEY=VALUE", help="Override a "
+                                          "hyperparameter: --set lr=0.01 (YAML value); "
+                                          "repeatable."),
     profile_steps: str | None = typer.Option(
         None, "--profile-steps", metavar="START:STOP", help="Trace the steps after START "
         "through STOP with torch.profiler, e.g. 100:110; trace and top operators go in the "
         "run's folder."),
-    max_restarts: int = typer.Option(0, "--max-restarts", help="Relaunch after a preemption or "
-                                     "a crash up to N times; each attempt resumes from the "
-                                     "newest checkpoint."),
-    restart_backoff_s: float = typer.Option(1.0, "--restart-backoff-s", help="First wait before "
-                                            "a relaunch; doubles each time, at most 60 s."),
-    instance: str | None = typer.Option(None, "--instance", help="Where it runs, as "
-                                           "cloud:instance (see `prudent catalog`), for its cost."),
+    max_restarts: int = typer.Option(0, "--max-restarts", metavar="N", help="Relaunch after a "
+                                     "preemption or a crash up to N times; each attempt "
+                                     "resumes from the newest checkpoint."),
+    restart_backoff_s: float = typer.Option(1.0, "--restart-backoff-s", metavar="SECONDS",
+                                            help="First wait before a relaunch; doubles each "
+                                            "time, at most 60 s."),
+    instance: str | None = typer.Option(None, "--instance", metavar="CLOUD:INSTANCE",
+                                        help="Where it runs (see `prudent catalog`), for its "
+                                        "cost."),
     spot: bool | None = typer.Option(None, "--spot/--on-demand", help="Billed at the spot price."),
-    nodes: int | None = typer.Option(None, "--nodes", help="Machines in the job (price x nodes)."),
-    budget_usd: str | None = typer.Option(None, "--budget-usd", help="Stop with a checkpoint "
-                                             "before the run's cost over all attempts passes this "
-                                             "(40 or '$40'); exit 4, resumable once raised."),
-    max_hours: str | None = typer.Option(None, "--max-hours", help="Stop with a checkpoint "
-                                            "before the run's wall time passes this (12, '90min')."),
-    policy: str | None = typer.Option(None, "--policy", help="Policy file (replaces the "
-                                         "policy: section); a job that breaks it exits 6."),
+    nodes: int | None = typer.Option(None, "--nodes", metavar="N",
+                                     help="Machines in the job (price x nodes)."),
+    budget_usd: str | None = typer.Option(None, "--budget-usd", metavar="USD", help="Stop with a "
+                                          "checkpoint before the run's cost over all attempts "
+                                          "passes this (40 or '$40'); exit 4, resumable once "
+                                          "raised."),
+    max_hours: str | None = typer.Option(None, "--max-hours", metavar="DURATION", help="Stop "
+                                         "with a checkpoint before the run's wall time passes "
+                                         "this (12, '90min')."),
+    policy: str | None = typer.Option(None, "--policy", metavar="FILE", help="Policy file "
+                                      "(replaces the policy: section); a job that breaks it "
+                                      "exits 6."),
     debug: bool = typer.Option(False, "--debug", help="Debug mode: every event logged, anomaly "
                                "detection, deterministic algorithms, a capture on every rule "
                                f"firing (slow; {setting_var('debug', 'enabled')}=1)."),
@@ -104,7 +169,8 @@ def run(
 @app.command()
 def runs(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many of the newest runs."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, metavar="N", help="How many of the "
+                              "newest runs."),
     config: str | None = ConfigOption,
 ) -> None:
     """List runs, newest first."""
@@ -240,19 +306,44 @@ app.command("report")(report_commands.report)
 app.command("ui")(report_commands.ui)
 
 
-def main() -> None:
-    """Entry point: PrudentError becomes one line on stderr and exit code 2.
+# typer >= 0.26 raises its own copy of click's exceptions: the class is found, not named
+_CLICK_ERROR: type[Exception] = next(cls for cls in typer.BadParameter.__mro__
+                                     if cls.__name__ == "ClickException")
 
-    Usage errors (unknown command or option, missing argument, bad value) are left to
-    typer's standalone mode: it prints click's usage line and message and exits 2. Catching
-    them here would mean naming click's exception class, and typer >= 0.26 raises its own
-    copy of click's classes, not ``click.ClickException``.
+
+def main() -> None:
+    """Entry point: every error is one line ``prudent: error: ...`` on stderr.
+
+    A PrudentError exits 2 (bad input). A usage error (unknown command or option, missing
+    argument, bad value) prints click's usage line and help hint above that line, and exits
+    with click's code, 2.
     """
     try:
-        app(standalone_mode=True)  # exits itself: typer.Exit(n) with n, success with 0
+        code = app(standalone_mode=False)  # returns typer.Exit(n)'s n, or the command's None
     except PrudentError as exc:
-        print(f"prudent: error: {exc}", file=sys.stderr)
-        sys.exit(int(ExitCode.BAD_INPUT))
+        _fail(str(exc), int(ExitCode.BAD_INPUT))
+    except _CLICK_ERROR as exc:
+        _usage_error(exc)
+    except typer.Abort:
+        _fail("aborted", 1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_error(exc: Any) -> None:
+    ctx = getattr(exc, "ctx", None)
+    if type(exc).__name__ == "NoArgsIsHelpError":  # bare `prudent`: the help, not an error
+        if exc.format_message().strip():  # rich has printed it already; plain click has not
+            exc.show()
+        sys.exit(exc.exit_code)
+    if ctx is not None:
+        typer.echo(ctx.get_usage(), err=True)
+        typer.echo(f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help.", err=True)
+    _fail(exc.format_message(), exc.exit_code)
+
+
+def _fail(message: str, code: int) -> None:
+    typer.secho(f"prudent: error: {message}", err=True, fg="red")
+    sys.exit(code)
 
 
 if __name__ == "__main__":

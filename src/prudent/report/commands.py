@@ -13,22 +13,27 @@ from prudent.errors import ConfigError
 __all__ = ["LOCAL_HOSTS", "host_warning", "report", "ui"]
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-_ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default ./prudent.yaml).")
+_ConfigOption = typer.Option(None, "--config", "-c", metavar="FILE",
+                              help="Settings file (default ./prudent.yaml).")
 
 
 def report(
-    run_ref: str | None = typer.Argument(None, metavar="[RUN]", help="Run id, a unique "
+    run_ref: str | None = typer.Argument(None, metavar="RUN", help="Run id, a unique "
                                          "prefix, or 'latest'."),
-    study: str | None = typer.Option(None, "--study", help="A tuning study's report instead "
-                                     "of a run's."),
-    output: str | None = typer.Option(None, "--output", "-o", help="Where to write the HTML "
-                                      "(default: report.html in the run's or study's folder)."),
-    storage: str | None = typer.Option(None, "--storage", help="The study's Optuna storage URL "
-                                       "(default: its journal file under .prudent/studies)."),
+    study: str | None = typer.Option(None, "--study", metavar="NAME", help="A tuning study's "
+                                     "report instead of a run's."),
+    output: str | None = typer.Option(None, "--output", "-o", metavar="FILE", help="Where to "
+                                      "write the HTML (default: report.html in the run's or "
+                                      "study's folder)."),
+    storage: str | None = typer.Option(None, "--storage", metavar="URL", help="The study's Optuna "
+                                       "storage URL (default: its journal file under "
+                                       ".prudent/studies)."),
     config: str | None = _ConfigOption,
 ) -> None:
-    """One HTML file with a run's (or a study's) curves, events, profile and cost; it opens
-    offline (scripts and data inside)."""
+    """One HTML file with a run's (or a study's) curves, events, profile and cost.
+
+    It opens offline: its scripts and data are inside.
+    """
     from prudent.report.pages import run_page
     from prudent.report.reader import open_readonly
     from prudent.report.render import page_html
@@ -61,12 +66,14 @@ def report(
 
 
 def ui(
-    port: int = typer.Option(8765, "--port", "-p", min=0, max=65535, help="Port to listen on."),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but "
-                             "this machine's loopback shows the store to the network."),
-    storage: str | None = typer.Option(None, "--storage", help="An Optuna storage URL whose "
-                                       "studies are listed too (prudent tune --storage ...); "
-                                       "journal files under .prudent/studies always are."),
+    port: int = typer.Option(8765, "--port", "-p", min=0, max=65535, metavar="PORT",
+                      help="Port to listen on."),
+    host: str = typer.Option('127.0.0.1', "--host", metavar="ADDRESS", help="Address to listen "
+                             "on; anything but this machine's loopback shows the store to the "
+                             "network."),
+    storage: str | None = typer.Option(None, "--storage", metavar="URL", help="An Optuna storage "
+                                       "URL whose studies are listed too (prudent tune --storage "
+                                       "...); journal files under .prudent/studies always are."),
     config: str | None = _ConfigOption,
 ) -> None:
     """A local, read-only dashboard over the store: runs, a run's curves live, compare, studies."""

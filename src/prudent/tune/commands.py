@@ -10,66 +10,74 @@ from prudent.errors import ConfigError
 
 __all__ = ["study", "tune"]
 
-_ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default ./prudent.yaml).")
+_ConfigOption = typer.Option(None, "--config", "-c", metavar="FILE",
+                              help="Settings file (default ./prudent.yaml).")
 
 
 def tune(
     context: typer.Context,
     command: list[str] | None = typer.Argument(None, help="The training command, after --."),
-    space: str = typer.Option(..., "--space", help="Search space YAML file."),
-    objective: str = typer.Option(..., "--objective", help="The metric the script logs with "
-                                  "run.log(NAME=...), e.g. val_acc."),
-    direction: str = typer.Option("max", "--direction", help="max or min."),
-    trials: int = typer.Option(20, "--trials", help="Trials in the study in all (a restart "
-                               "runs the ones left)."),
-    workers: int = typer.Option(1, "--workers", help="Trials at once, each its own process."),
-    timeout: str | None = typer.Option(None, "--timeout", help="No new trial starts after "
-                                          "this long: 3600, '90min', '2h'."),
-    budget_usd: str | None = typer.Option(None, "--budget-usd", help="No new trial starts "
-                                             "when spent + the running trials + one more would "
-                                             "pass this (40 or '$40')."),
-    sampler: str | None = typer.Option(None, "--sampler", help="tpe, gp, cmaes or random "
-                                       "(default: tune/strategy.py's, now tpe)."),
-    pruner: str | None = typer.Option(None, "--pruner", help="asha, hyperband, median or "
-                                         "none (default: tune/strategy.py's, now asha)."),
-    study_name: str | None = typer.Option(None, "--study", help="Study name (default: the "
-                                             "script's name); the same name continues it."),
-    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL, e.g. "
-                                          "postgresql://... to share a study across machines "
-                                          "(default: a journal file under .prudent/studies)."),
-    enqueue: list[str] | None = typer.Option(None, "--enqueue", help="A known-good "
-                                                "configuration to try first: JSON or a file; "
-                                                "repeatable."),
-    warm_start: str | None = typer.Option(None, "--warm-start", help="An earlier study "
-                                          "(same storage): its 5 best configurations that "
+    space: str = typer.Option(..., "--space", metavar="FILE", help="Search space YAML file."),
+    objective: str = typer.Option(..., "--objective", metavar="METRIC", help="The metric the "
+                                  "script logs with run.log(NAME=...), e.g. val_acc."),
+    direction: str = typer.Option("max", "--direction", metavar="max|min", help="max or min."),
+    trials: int = typer.Option(20, "--trials", metavar="N", help="Trials in the study in all (a "
+                               "restart runs the ones left)."),
+    workers: int = typer.Option(1, "--workers", metavar="N", help="Trials at once, each its own "
+                                "process."),
+    timeout: str | None = typer.Option(None, "--timeout", metavar="DURATION", help="No new trial "
+                                       "starts after this long: 3600, '90min', '2h'."),
+    budget_usd: str | None = typer.Option(None, "--budget-usd", metavar="USD", help="No new trial "
+                                          "starts when spent + the running trials + one more "
+                                          "would pass this (40 or '$40')."),
+    sampler: str | None = typer.Option(None, "--sampler", metavar="NAME", help="tpe, gp, cmaes or "
+                                       "random (default: tpe)."),
+    pruner: str | None = typer.Option(None, "--pruner", metavar="NAME", help="asha, hyperband, "
+                                      "median or none (default: asha)."),
+    study_name: str | None = typer.Option(None, "--study", metavar="NAME", help="Study name "
+                                          "(default: the script's name); the same name continues "
+                                          "it."),
+    storage: str | None = typer.Option(None, "--storage", metavar="URL", help="Optuna storage "
+                                       "URL, e.g. postgresql://... to share a study across "
+                                       "machines (default: a journal file under "
+                                       ".prudent/studies)."),
+    enqueue: list[str] | None = typer.Option(None, "--enqueue", metavar="CONFIG", help="A "
+                                             "known-good configuration to try first: JSON or a "
+                                             "file; repeatable."),
+    warm_start: str | None = typer.Option(None, "--warm-start", metavar="STUDY", help="An earlier "
+                                          "study (same storage): its 5 best configurations that "
                                           "fit this space go first."),
-    max_epochs: int | None = typer.Option(None, "--max-epochs", help="Epochs of a full "
-                                             "trial: the pruner's max resource and the projection."),
-    epoch_s: float | None = typer.Option(None, "--epoch-s", help="Seconds per epoch for the "
-                                            "cost projection (default: measured on the study)."),
-    set_: list[str] | None = typer.Option(None, "--set", help="A hyperparameter fixed for every "
-                                          "trial: --set max_iters=300 (YAML value); repeatable; "
-                                          "not a key the space searches."),
-    max_steps: int | None = typer.Option(None, "--max-steps", help="Each trial stops after N "
-                                            "optimizer steps and counts as complete (its last "
-                                            "logged objective); the pruner's max resource in "
-                                            "steps."),
-    min_resource: int | None = typer.Option(None, "--min-resource", help="The pruner's first "
-                                               "rung, in what trials report at (epochs, or "
-                                               "steps in a loop without run.epochs): no trial "
-                                               "is pruned before it (default 1)."),
-    heartbeat: str | None = typer.Option(None, "--heartbeat", help="With a database "
-                                            "--storage: how often each machine's workers "
-                                            "record their trials' heartbeat (default 60s); a "
-                                            "trial silent for 3 is resumed by another machine."),
-    seed: int | None = typer.Option(None, "--seed", help="Sampler seed (worker i uses seed+i)."),
-    max_restarts: int = typer.Option(0, "--max-restarts", help="Relaunch a crashed trial up to "
-                                     "N times (it resumes from its checkpoint)."),
-    instance: str | None = typer.Option(None, "--instance", help="Where trials run, as "
-                                           "cloud:instance, for their cost."),
+    max_epochs: int | None = typer.Option(None, "--max-epochs", metavar="N", help="Epochs of a "
+                                          "full trial: the pruner's max resource and the "
+                                          "projection."),
+    epoch_s: float | None = typer.Option(None, "--epoch-s", metavar="SECONDS", help="Seconds per "
+                                         "epoch for the cost projection (default: measured on the "
+                                         "study)."),
+    set_: list[str] | None = typer.Option(None, "--set", metavar="KEY=VALUE", help="A "
+                                          "hyperparameter fixed for every trial: --set "
+                                          "max_iters=300 (YAML value); repeatable; not a key the "
+                                          "space searches."),
+    max_steps: int | None = typer.Option(None, "--max-steps", metavar="N", help="Each trial stops "
+                                         "after N optimizer steps and counts as complete (its "
+                                         "last logged objective); the pruner's max resource in "
+                                         "steps."),
+    min_resource: int | None = typer.Option(None, "--min-resource", metavar="N", help="The "
+                                            "pruner's first rung, in what trials report at "
+                                            "(epochs, or steps in a loop without run.epochs): no "
+                                            "trial is pruned before it (default 1)."),
+    heartbeat: str | None = typer.Option(None, "--heartbeat", metavar="DURATION", help="With a "
+                                         "database --storage: how often each machine's workers "
+                                         "record their trials' heartbeat (default 60s); a trial "
+                                         "silent for 3 is resumed by another machine."),
+    seed: int | None = typer.Option(None, "--seed", metavar="N", help="Sampler seed (worker i "
+                                    "uses seed+i)."),
+    max_restarts: int = typer.Option(0, "--max-restarts", metavar="N", help="Relaunch a crashed "
+                                     "trial up to N times (it resumes from its checkpoint)."),
+    instance: str | None = typer.Option(None, "--instance", metavar="CLOUD:INSTANCE", help="Where "
+                                        "trials run, as cloud:instance, for their cost."),
     spot: bool | None = typer.Option(None, "--spot/--on-demand", help="Billed at the spot price."),
-    policy: str | None = typer.Option(None, "--policy", help="Policy file; a study that "
-                                         "breaks it (e.g. max_parallel_trials) exits 6."),
+    policy: str | None = typer.Option(None, "--policy", metavar="FILE", help="Policy file; a "
+                                      "study that breaks it (e.g. max_parallel_trials) exits 6."),
     config: str | None = _ConfigOption,
 ) -> None:
     """Search hyperparameters: each trial a supervised run; weak and sick trials pruned."""
@@ -105,7 +113,7 @@ def tune(
 def study(
     name: str = typer.Argument(..., help="The study's name (see --study of prudent tune)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    storage: str | None = typer.Option(None, "--storage", help="Optuna storage URL "
+    storage: str | None = typer.Option(None, "--storage", metavar="URL", help="Optuna storage URL "
                                           "(default: the journal file under .prudent/studies)."),
     plots: bool = typer.Option(False, "--plots", help="Write the plots into the study's folder."),
     config: str | None = _ConfigOption,
