@@ -133,6 +133,11 @@ def test_a_machine_killed_mid_run_leaves_and_rejoins_and_the_job_goes_on(
     messages = " | ".join(e["message"] for e in events)
     assert any(e["name"] == "rank_lost" for e in events), messages
     assert "node-b left" in messages and "node-b joined" in messages, messages
+    # the meter bills each attempt for the machines torchrun gave it: 2, then 1, then 2
+    priced = [e["message"] for node in (node_a, node_b)
+              for e in node.show("elastic-train-elastic")["events"] if e["name"] == "price"]
+    assert any("1 node (from torchrun)" in m for m in priced), priced
+    assert any("2 nodes (from torchrun)" in m for m in priced), priced
     shown = node_a.prudent("show", "elastic-train-elastic")  # as a person reads it
     assert shown.returncode == 0 and "membership" in shown.stdout, shown.stderr
     lines = logged(logs)
