@@ -1,5 +1,5 @@
-"""TrackingComponent: plugs the configured trackers (TensorBoard, MLflow) into a run, on rank 0
-only (``main_rank_only``: under torchrun the other ranks get no tracker).
+"""TrackingComponent: plugs the configured trackers (TensorBoard, MLflow, W&B) into a run, on
+rank 0 only (``main_rank_only``: under torchrun the other ranks get no tracker).
 
 It builds the sinks at the run's start (a tracker configured but not installed refuses the
 run, naming the extra), hands them the run's config, listens to the store writer for
@@ -58,7 +58,7 @@ class TrackingComponent(Component):
 
 def any_tracker(settings: TrackingSettings) -> bool:
     return any(s is not None and s.enabled
-               for s in (settings.tensorboard, settings.mlflow))
+               for s in (settings.tensorboard, settings.mlflow, settings.wandb))
 
 
 def build_sinks(settings: TrackingSettings, info: RunInfo) -> list[TrackerSink]:
@@ -72,6 +72,10 @@ def build_sinks(settings: TrackingSettings, info: RunInfo) -> list[TrackerSink]:
         from prudent.tracking.mlflow import MlflowSink
 
         sinks.append(MlflowSink(settings.mlflow, info))
+    if settings.wandb is not None and settings.wandb.enabled:
+        from prudent.tracking.wandb import WandbSink
+
+        sinks.append(WandbSink(settings.wandb, info))
     return sinks
 
 

@@ -3,16 +3,19 @@
     tracking:
       tensorboard: {logdir: runs/tb}
       mlflow: {tracking_uri: http://127.0.0.1:5000, experiment: digits}
+      wandb: {project: digits, mode: offline}
 
 A tracker left out (or ``enabled: false``) is not used; each needs its extra
-(``pip install prudent[tensorboard]``, ``prudent[mlflow]``).
+(``pip install prudent[tensorboard]``, ``prudent[mlflow]``, ``prudent[wandb]``).
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["MlflowSettings", "TensorBoardSettings", "TrackingSettings"]
+__all__ = ["MlflowSettings", "TensorBoardSettings", "TrackingSettings", "WandbSettings"]
 
 
 class TensorBoardSettings(BaseModel):
@@ -37,6 +40,23 @@ class MlflowSettings(BaseModel):
                                    "(null: MLflow's default experiment).")
 
 
+class WandbSettings(BaseModel):
+    """``tracking.wandb``: one Weights & Biases run per prudent run, continued on resume."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(True, description="false: keep the section but send nothing.")
+    project: str | None = Field(None, description="W&B project (null: W&B's own default, "
+                                "WANDB_PROJECT, else 'uncategorized').")
+    mode: Literal["online", "offline"] | None = Field(
+        None, description="online: send to the W&B server; offline: write the run to local "
+        "files only (`wandb sync` uploads them later); null: W&B's own default (WANDB_MODE, "
+        "else online).")
+    entity: str | None = Field(None, description="W&B entity (user or team; null: yours).")
+    dir: str | None = Field(None, description="Folder W&B writes its `wandb/` files in (null: "
+                            "W&B's own default, WANDB_DIR, else the working directory).")
+
+
 class TrackingSettings(BaseModel):
     """``tracking:`` in prudent.yaml: a section per tracker; none configured sends nothing."""
 
@@ -44,6 +64,7 @@ class TrackingSettings(BaseModel):
 
     tensorboard: TensorBoardSettings | None = Field(None, description="TensorBoard event files.")
     mlflow: MlflowSettings | None = Field(None, description="An MLflow tracking server or folder.")
+    wandb: WandbSettings | None = Field(None, description="A Weights & Biases project.")
     max_buffered_rows: int = Field(
         50_000, ge=1, description="Rows kept per tracker while it does not answer; past this "
         "the oldest are dropped and counted.")
