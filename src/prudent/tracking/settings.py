@@ -18,34 +18,33 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["MlflowSettings", "TensorBoardSettings", "TrackingSettings", "WandbSettings"]
 
 
-class TensorBoardSettings(BaseModel):
-    """``tracking.tensorboard``: event files under ``<logdir>/<run id>``."""
+class _TrackerSettings(BaseModel):
+    """What every tracker's section has: unknown keys are errors, and ``enabled``."""
 
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = Field(True, description="false: keep the section but send nothing.")
+
+
+class TensorBoardSettings(_TrackerSettings):
+    """``tracking.tensorboard``: event files under ``<logdir>/<run id>``."""
+
     logdir: str = Field("runs", description="TensorBoard's logdir; each run writes a folder "
                         "named after its run id in it (point `tensorboard --logdir` here).")
 
 
-class MlflowSettings(BaseModel):
+class MlflowSettings(_TrackerSettings):
     """``tracking.mlflow``: one MLflow run per prudent run, continued on resume."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(True, description="false: keep the section but send nothing.")
     tracking_uri: str | None = Field(None, description="MLflow's tracking URI (null: MLflow's "
                                      "own default, MLFLOW_TRACKING_URI or ./mlruns).")
     experiment: str | None = Field(None, description="Experiment name, created if missing "
                                    "(null: MLflow's default experiment).")
 
 
-class WandbSettings(BaseModel):
+class WandbSettings(_TrackerSettings):
     """``tracking.wandb``: one Weights & Biases run per prudent run, continued on resume."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = Field(True, description="false: keep the section but send nothing.")
     project: str | None = Field(None, description="W&B project (null: W&B's own default, "
                                 "WANDB_PROJECT, else 'uncategorized').")
     mode: Literal["online", "offline"] | None = Field(
