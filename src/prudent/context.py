@@ -10,6 +10,7 @@ plug in is here: the counters (``state``), the record (``record_event``, the met
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import math
 import os
@@ -578,6 +579,8 @@ class RunContext:
         """What the process should exit with, given how the run ended so far."""
         if self.status == "failed":
             return int(ExitCode.BAD_INPUT if self.refused else ExitCode.ERROR)
+        if self.status == "completed":  # early stopping's too: the training is done
+            return 0
         return self.stop_reason.exit_code if self.stop_reason is not None else 0
 
     def _finish_at_exit(self) -> None:
@@ -602,8 +605,8 @@ def _as_reason(reason: StopReason | StopKind | str, message: str) -> StopReason:
     if isinstance(reason, StopKind):
         return StopReason(reason, None, message)
     if isinstance(reason, StopReason):
-        return reason if not message or reason.message else StopReason(reason.kind, reason.rule,
-                                                                         message)
+        return reason if not message or reason.message else dataclasses.replace(
+            reason, message=message)
     return StopReason.parse(reason, message)
 
 

@@ -24,7 +24,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from prudent.errors import ConfigError
@@ -215,7 +215,7 @@ class StopCoordinator(Component):
         reason = next(r for r in requests if r is not None)
         origin = requests.index(reason)
         if origin != self.ranks.rank:
-            reason = StopReason(reason.kind, reason.rule,
+            reason = replace(reason, message=
                                 f"{reason.message} (requested on rank {origin})")
         run.replace_stop(reason)
         run.defer_stops = False

@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from prudent.stop import ExitCode, StopReason
 
 __all__ = ["ConfigError", "ExitCode", "PrudentError", "StopRun", "StoreError", "exit_code_for"]
@@ -43,7 +45,7 @@ class StopRun(Exception):  # noqa: N818 - the public name is fixed by the design
         stop = reason if isinstance(reason, StopReason) else StopReason.parse(reason, message)
         message = message or stop.message
         if message != stop.message:
-            stop = StopReason(stop.kind, stop.rule, message)
+            stop = dataclasses.replace(stop, message=message)
         super().__init__(f"{stop}: {message}" if message else str(stop))
         self.stop = stop
         self.reason = str(stop)

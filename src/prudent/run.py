@@ -124,6 +124,13 @@ class Run:
         return self.context.status
 
     @property
+    def stopped_early(self) -> bool:
+        """The run completed because a rule found the training done (early stopping): the
+        model holds the best evaluation's weights; ``stop_reason`` names the rule."""
+        ctx = self.context
+        return ctx.status == "completed" and ctx.stop_reason is not None
+
+    @property
     def exit_code(self) -> int:
         """What the process exits with, given how the run ended so far (see the README)."""
         return self.context.exit_code
@@ -405,6 +412,9 @@ class Run:
                 ctx.finish("stopped", StopReason(StopKind.INTERRUPTED, None, exc.message),
                            exc.message)
                 return False
+        if isinstance(exc, StopRun) and exc.stop.finished:
+            ctx.finish("completed", exc.stop, exc.message)  # early stopping: the code after
+            return True  # `with run:` runs (saving, testing, exporting the best weights), exit 0
         if isinstance(exc, StopRun):
             ctx.finish("stopped", exc.stop, exc.message)
             if ctx.exit_on_stop:

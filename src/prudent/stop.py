@@ -69,11 +69,14 @@ _RESUMABLE = {StopKind.PREEMPTED}
 class StopReason:
     """One stop: ``kind``, the ``rule`` that fired (kind ``rule``; for kind ``pruned``, the
     rule that pruned the trial, or None when the pruner did) and a ``message`` for a person.
-    ``str(reason)`` is the documented ``stop_reason`` string."""
+    ``str(reason)`` is the documented ``stop_reason`` string. ``finished``: the stop means the
+    training is done (early stopping after progress), not that something is wrong: the run
+    ends *completed*, exit 0, and the code after ``with run:`` runs."""
 
     kind: StopKind
     rule: str | None = None
     message: str = ""
+    finished: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", StopKind(self.kind))
@@ -87,8 +90,8 @@ class StopReason:
         return f"rule:{self.rule}" if self.kind is StopKind.RULE else self.kind.value
 
     @classmethod
-    def by_rule(cls, rule: str, message: str = "") -> StopReason:
-        return cls(StopKind.RULE, rule, message)
+    def by_rule(cls, rule: str, message: str = "", *, finished: bool = False) -> StopReason:
+        return cls(StopKind.RULE, rule, message, finished)
 
     @classmethod
     def pruned(cls, message: str = "", rule: str | None = None) -> StopReason:

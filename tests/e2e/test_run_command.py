@@ -192,3 +192,24 @@ def test_missing_command_is_exit_127_and_recorded(project: Project) -> None:
     result = project.prudent("run", "--run-id", "nocmd", "--", "definitely-not-a-program")
     assert result.returncode == 127 and "cannot start 'definitely-not-a-program'" in result.stderr
     assert project.show("nocmd")["status"] == "failed"
+
+
+def test_an_early_stopped_run_is_completed_and_the_code_after_it_runs(project: Project) -> None:
+    project.env["PRUDENT_CONSOLE"] = "plain"
+    (project.path / "prudent.yaml").write_text(
+        "monitor: {rules: {early_stopping: {patience: 4}}}\n")
+    done = project.prudent("run", "--run-id", "early", "--", sys.executable,
+                           script("early_stop_then_export.py"))
+    assert done.returncode == 0, done.stderr
+    after = json.loads((project.path / "after.json").read_text())
+    assert after == {"status": "completed", "stop_reason": "rule:early_stopping",
+                     "stopped_early": True, "epoch": 6}  # 4 evaluations after the best (3rd)
+    shown = project.show("early")
+    assert (shown["status"], shown["stop_reason"], shown["exit_code"]) == (
+        "completed", "rule:early_stopping", 0)
+    assert "completed (rule:early_stopping)" in done.stderr
+    (project.path / "after.json").unlink()
+    sick = project.prudent("run", "--run-id", "sick", "--set", "nan_at=5", "--", sys.executable,
+                           script("early_stop_then_export.py"))
+    assert sick.returncode == 3, sick.stderr  # something is wrong: today's code, and no export
+    assert not (project.path / "after.json").exists()

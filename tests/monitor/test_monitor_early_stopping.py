@@ -88,7 +88,10 @@ def test_it_stops_with_the_best_weights_and_keeps_their_checkpoint(tmp_path: Pat
     home = tmp_path / ".prudent"
     val = [1.0, 0.8, 0.7, 0.75, 0.72, 0.71, 0.74, 0.9, 0.8, 0.7, 0.6]
     run, model, weights = _train(home, val, rules={"early_stopping": {"patience": 4}})
-    assert (run.status, run.stop_reason) == ("stopped", "rule:early_stopping")
+    # the training is done, not sick: a completed run (exit 0) whose script goes on after
+    # `with run:` (_train returns: the code after the block ran)
+    assert (run.status, run.stop_reason, run.exit_code) == ("completed", "rule:early_stopping", 0)
+    assert run.stopped_early
     assert run.state.epoch == 6  # stopped at the 7th evaluation, 4 after the best (the 3rd)
     assert torch.equal(model[0].weight, weights[2])  # the final weights are the best ones
     kept = sorted(p.name for p in (home / "runs" / run.id / "checkpoints").glob("ckpt-*"))
@@ -99,7 +102,19 @@ def test_it_stops_with_the_best_weights_and_keeps_their_checkpoint(tmp_path: Pat
     assert "has not improved for 4 evaluations" in events[("rule", "early_stopping")]["message"]
     assert "best 0.7 at step 24" in events[("rule", "early_stopping")]["message"]
     assert events[("monitor", "best_restored")]["payload"]["checkpoint_step"] == 24
-    assert "enabled: false" in events[("lifecycle", "stop_requested")]["message"]
+    # done, not sick: no "resume with the rule off" hint; the end says completed
+    assert "enabled: false" not in events[("lifecycle", "stop_requested")]["message"]
+    assert events[("lifecycle", "end")]["payload"]["status"] == "completed"
+    assert "ending the run as completed" in events[("rule", "early_stopping")]["payload"]["outcome"]
+
+
+def test_an_early_stop_of_a_run_that_learned_nothing_is_still_a_sick_stop(tmp_path: Path) -> None:
+    home = tmp_path / ".prudent"
+    # the metric never beats its first evaluation while the training loss stays put
+    run, _, _ = _train(home, [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+                       rules={"early_stopping": {"no_progress_train": 1.0}})
+    assert (run.status, run.stop_reason, run.exit_code) == ("stopped", "rule:early_stopping", 3)
+    assert not run.stopped_early
 
 
 def test_a_run_that_never_logs_the_metric_says_so_once(tmp_path: Path) -> None:

@@ -262,8 +262,8 @@ class AdapterRun:
         if self.ctx.closed:
             return
         stop = self.take_stop()
-        if stop is None:
-            self.ctx.finish("completed")
+        if stop is None or stop.finished:  # early stopping: the training is done, exit 0
+            self.ctx.finish("completed", stop, stop.message if stop else "")
             return
         self.ctx.finish("stopped", stop, stop.message)
         if self.ctx.exit_on_stop:

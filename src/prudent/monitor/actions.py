@@ -59,7 +59,11 @@ class StopAction(Action):
     name = "stop"
 
     def apply(self, run: RunContext, firing: Firing) -> str:
-        run.request_stop(StopReason.by_rule(firing.rule, f"{firing.finding.message}. "
+        finding = firing.finding
+        if finding.finished:  # the training is done (early stopping): a completed run
+            run.request_stop(StopReason.by_rule(firing.rule, finding.message, finished=True))
+            return "the training is done: ending the run as completed"
+        run.request_stop(StopReason.by_rule(firing.rule, f"{finding.message}. "
                                             f"{resume_hint(firing.rule)}"))
         return "stopping the run"
 

@@ -73,6 +73,7 @@ class Finding:
     threshold: float | None
     message: str
     since: int | None = None  # the step the condition began, when earlier (a spike's first step)
+    finished: bool = False  # the training is done (no more progress), not sick: a completed run
 
 
 @dataclass(frozen=True)

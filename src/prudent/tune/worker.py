@@ -387,7 +387,9 @@ class Worker:
         stop = StopReason.parse(reason) if reason else None
         if stop is not None and stop.kind is StopKind.BUDGET and self.job.max_steps:
             attrs["step_budget"] = self.job.max_steps
-        if stop is not None and stop.ends_early:
+        if stop is not None and record.get("status") == "completed":
+            attrs["stopped_early"] = str(stop)  # early stopping: done, its best value scored
+        elif stop is not None and stop.ends_early:
             attrs["pruned_by"] = _pruned_by(self.store, task.run_id, stop)
         elif record.get("status") == "failed":
             attrs["error"] = _last_end_message(self.store, task.run_id)
@@ -396,6 +398,13 @@ class Worker:
     def _objective(self, task: Task, record: Mapping[str, Any]) -> float:
         series = [v for _, v in self.store.metric_series(task.run_id, self.job.objective)]
         if series and series[-1] is not None:
+            if record.get("status") == "completed" and record.get("stop_reason"):
+                # stopped early, the best evaluation's weights put back: that is the trial's
+                import optuna
+
+                seen = [v for v in series if v is not None and v == v]
+                best = max if self.study.direction == optuna.study.StudyDirection.MAXIMIZE else min
+                return float(best(seen))
             return float(series[-1])
         # the names the script logged, not the profiler's machine series (profile/cpu_pct, ...)
         logged = sorted(n for n in self.store.last_metrics(task.run_id)

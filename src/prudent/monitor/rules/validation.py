@@ -149,8 +149,9 @@ class EarlyStoppingRule(Rule):
         if self.best is None or score < self.best:  # beats the best so far, not the baseline
             self.best, self.best_step, self.improved = score, sample.step, True
         self.waited += 1
-        if self.waited >= s.patience:
-            return Finding(sample.step, value, self._target(metric), self._message(sample, value))
+        if self.waited >= s.patience:  # progress, then none for `patience`: the training is done
+            return Finding(sample.step, value, self._target(metric), self._message(sample, value),
+                           finished=True)
         patience = 1 if self._still(sample) else s.no_progress_patience
         if self.waited >= patience and self._nothing_learned(sample):
             return Finding(sample.step, value, self._target(metric),
