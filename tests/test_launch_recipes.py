@@ -160,7 +160,7 @@ def test_skypilot_task_resumes_by_task_id_and_leaves_relaunching_to_skypilot() -
     assert task["envs"]["CHECKPOINT_ROOT"].startswith("s3://")
     assert 'PRUDENT_CHECKPOINT_URL="${CHECKPOINT_ROOT}/${SKYPILOT_TASK_ID}"' in task["run"]
     [command] = recipe_commands(SKYPILOT)
-    assert '--run-id "${SKYPILOT_TASK_ID}" --max-restarts 0 --' in command
+    assert '--run-id "${SKYPILOT_TASK_ID}" --max-restarts 2 --' in command  # crashes: here
     for block in ("setup", "run"):
         assert subprocess.run(["bash", "-n"], input=task[block], text=True).returncode == 0
 
@@ -306,6 +306,17 @@ def test_kubernetes_multinode_job_is_indexed_behind_a_headless_service() -> None
 def test_skypilot_recovers_on_exactly_the_resumable_code(path: Path) -> None:
     task = yaml.safe_load(path.read_text())
     assert task["resources"]["job_recovery"]["recover_on_exit_codes"] == RESUMABLE
+
+
+@pytest.mark.parametrize("path", [SKYPILOT, SKYPILOT_MULTINODE], ids=lambda p: p.name)
+def test_skypilot_never_relaunches_what_prudent_ended_for_good(path: Path) -> None:
+    """Exit 2-6 (bad input, a rule, a budget, pruned, the policy) would stop a new VM again:
+    SkyPilot retries no error, and crashes are relaunched in place (prudent run's or
+    torchrun's own --max-restarts)."""
+    task = yaml.safe_load(path.read_text())
+    assert task["resources"]["job_recovery"]["max_restarts_on_errors"] == 0
+    [command] = recipe_commands(path)
+    assert re.search(r"--max-restarts [1-9]", command.split("torchrun")[-1]), command
 
 
 @pytest.mark.parametrize("path", [KUBERNETES, KUBERNETES_MULTINODE], ids=lambda p: p.name)
