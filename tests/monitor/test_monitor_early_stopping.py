@@ -195,3 +195,18 @@ def test_a_run_that_learned_before_its_first_evaluation_keeps_the_full_patience(
     for window in windows:
         window.start_loss = 1.18
     assert next((i for i, w in enumerate(windows, start=1) if rule.check(w)), None) == 3
+
+
+def test_an_evaluation_logged_again_at_its_step_is_judged_once(tmp_path: Path) -> None:
+    """A run resumed from a checkpoint taken inside run.log logs that evaluation again: the
+    rules must not count it twice (patience); another metric at the same step is new."""
+    settings = make_settings(tmp_path / ".prudent")
+    monitor = Monitor(settings.monitor, stream=io.StringIO())
+    assert monitor._new_evaluation(20, {"val_loss": 0.5})
+    assert not monitor._new_evaluation(20, {"val_loss": 0.5})  # the same, logged again
+    assert monitor._new_evaluation(20, {"val_acc": 0.9})  # val_loss, then val_acc
+    saved = monitor.state_dict()
+    resumed = Monitor(settings.monitor, stream=io.StringIO())
+    resumed.load_state_dict(saved)  # resumed from a checkpoint taken at that evaluation
+    assert not resumed._new_evaluation(20, {"val_loss": 0.5, "val_acc": 0.9})
+    assert resumed._new_evaluation(30, {"val_loss": 0.4})

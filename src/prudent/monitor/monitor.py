@@ -83,6 +83,10 @@ class Monitor(Component):
         self._said_blind: set[str] = set()
         self._skipped: list[Any] = []  # optimizers whose next step is a no-op
         self.best_checkpoint: str | None = None  # early stopping's best evaluation
+        # the metrics judged at the newest evaluation's step: a run resumed from a checkpoint
+        # taken inside run.log (early stopping's keep) logs that evaluation again, and judging
+        # it twice would count it twice (patience, the number of evaluations)
+        self._judged_evals: tuple[int, list[str]] = (-1, [])
         spike = self.rules.get("loss_spike")
         self._skipper = spike if spike is not None and "skip" in spike.settings.action else None
         self._watched_above: float | None = None  # the threshold the kernel's loss watch has
@@ -309,7 +313,8 @@ class Monitor(Component):
                 "rules": {name: rule.state_dict() for name, rule in self.rules.items()},
                 "actions": {name: a.state_dict() for name, a in self.actions.items()},
                 "muted_until": dict(self._muted_until), "peak_lr": self.stats.peak_lr,
-                "best_checkpoint": self.best_checkpoint, "start_loss": self.start_loss}
+                "best_checkpoint": self.best_checkpoint, "start_loss": self.start_loss,
+                "judged_evals": list(self._judged_evals)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, rule_state in state.get("rules", {}).items():
@@ -325,6 +330,20 @@ class Monitor(Component):
         self.stats.peak_lr = state.get("peak_lr")
         self.best_checkpoint = state.get("best_checkpoint")
         self.start_loss = state.get("start_loss")
+        step, names = state.get("judged_evals") or (-1, [])
+        self._judged_evals = (int(step), list(names))
+
+    def _new_evaluation(self, step: int, logged: dict[str, float]) -> bool:
+        """Not an evaluation already judged at this step (another run.log at the same step
+        with other metrics is new: val_loss, then val_acc)."""
+        judged_step, names = self._judged_evals
+        if step != judged_step:
+            self._judged_evals = (step, sorted(logged))
+            return True
+        if set(logged) <= set(names):
+            return False
+        self._judged_evals = (step, sorted(set(names) | set(logged)))
+        return True
 
     # judging ------------------------------------------------------------------------------
     def check(self, run: RunContext, logged: dict[str, float] | None = None) -> list[Firing]:
@@ -340,7 +359,7 @@ class Monitor(Component):
         window.sample_every = self._sample_every or self.stats.sample_every
         self._count_train_loss(window)
         window.start_loss = self._start_loss(window)
-        if logged is not None:
+        if logged is not None and self._new_evaluation(run.state.step, logged):
             window.evals.append(EvalSample(run.state.step, dict(logged), self._mean_train_loss()))
         firings = [Firing(name, finding, run.state.step)
                    for name, finding in self._findings(run, window)]
