@@ -238,3 +238,14 @@ def test_a_bad_heartbeat_is_refused_before_anything_runs(tmp_path: Path, value: 
         cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr, result.stderr
     assert not (tmp_path / ".prudent").exists()
+
+
+def test_machines_that_open_a_new_study_database_at_once_all_get_it(pg_url: str) -> None:
+    """Optuna creates its tables on first open: two machines starting a study together raced
+    there (PostgreSQL: duplicate key "alembic_version"), and one of them crashed."""
+    code = ("import sys; from prudent.tune.machines import open_rdb; "
+            "open_rdb(sys.argv[1], None); print('opened')")
+    openers = [subprocess.Popen([sys.executable, "-c", code, pg_url], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = [opener.communicate(timeout=120) for opener in openers]
+    assert [r[0].strip() for r in results] == ["opened"] * 4, [r[1][-800:] for r in results]

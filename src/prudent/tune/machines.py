@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -76,11 +77,21 @@ def heartbeat_options(interval_s: int) -> dict[str, Any]:
 
 def open_rdb(url: str, interval_s: int | None) -> optuna.storages.RDBStorage:
     import optuna
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     from prudent.store import database_url
 
     options = heartbeat_options(interval_s) if interval_s else {}
-    with quiet():  # postgresql:// with psycopg 3 when psycopg2 is not installed, as the store
+    for attempt in range(4):
+        try:
+            with quiet():  # postgresql:// with psycopg 3 without psycopg2, as the store
+                return optuna.storages.RDBStorage(database_url(url), **options)
+        except (IntegrityError, ProgrammingError):
+            # two machines that start a study at once both create Optuna's tables; the
+            # one that loses the race (PostgreSQL: "duplicate key ... alembic_version")
+            # finds them made when it opens the storage again
+            time.sleep(0.2 * (attempt + 1))
+    with quiet():
         return optuna.storages.RDBStorage(database_url(url), **options)
 
 
