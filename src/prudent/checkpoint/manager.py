@@ -312,7 +312,8 @@ class Checkpointer(Component):
                 "reason": reason}
         # the world it was taken in, one process too: an elastic job's membership changes
         # are told from it (prudent.elastic), and a resume on more ranks seeds the others apart
-        parts = parts or [rank_state(run)] + [None] * (self.ranks.world_size - 1)
+        parts = parts or ([rank_state(run, rng=payload["run"]["rng"])]  # captured just above
+                          + [None] * (self.ranks.world_size - 1))
         payload["run"]["ranks"] = parts
         meta["world"] = world_of([p or {"host": "?"} for p in parts])
         if at_boundary and run.boundary is not None:

@@ -22,14 +22,15 @@ if TYPE_CHECKING:
 __all__ = ["check_world_change", "rank_state", "restore_rank_state", "world_of"]
 
 
-def rank_state(run: RunContext) -> dict[str, Any]:
-    """What this rank alone knows: its generators, its epoch's shuffle states, its host."""
+def rank_state(run: RunContext, rng: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What this rank alone knows: its generators (``rng`` when just captured), its epoch's
+    shuffle states, its host."""
     from prudent.launch import host_name
     from prudent.rng import capture_rng
 
     state = run.state
-    return {"rng": capture_rng(), "epoch_rng": state.epoch_rng, "loader_rng": state.loader_rng,
-            "host": host_name(), "carried": dict(run.carried)}
+    return {"rng": rng if rng is not None else capture_rng(), "epoch_rng": state.epoch_rng,
+            "loader_rng": state.loader_rng, "host": host_name(), "carried": dict(run.carried)}
 
 
 def world_of(parts: list[dict[str, Any]]) -> dict[str, Any]:
