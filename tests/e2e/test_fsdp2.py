@@ -5,6 +5,7 @@ the model an uninterrupted run ends with."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -163,3 +164,81 @@ def test_fsdp2_shards_on_an_s3_bucket_resume_exactly_and_a_changed_byte_is_refus
                  if p.rsplit("/", 1)[-1].startswith("ckpt-") and not p.endswith(".shards"))
     manifest = s3.cat_file(f"{newest}/manifest.json")  # each shard file listed with its hash
     assert b'"__1_0.distcp"' in manifest and b'".metadata"' in manifest
+
+
+def shards_content(folder: Path, out: Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's DCP shards read back whole (DCP's own converter), by prudent's keys
+    ("model/<name>", "optimizer/state.<name>.<field>")."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(folder, out)
+    return torch.load(out, weights_only=True)
+
+
+def assert_resumed_with(start: dict[str, Any], model: dict[str, torch.Tensor],
+                        optimizer: dict[str, dict[str, torch.Tensor]]) -> None:
+    """The model and optimizer a phase started from are the checkpoint's, value for value."""
+    assert sorted(start["model"]) == sorted(model)
+    for name, tensor in model.items():
+        assert torch.equal(start["model"][name], tensor), name
+    assert sorted(start["optimizer"]["state"]) == sorted(optimizer)
+    for name, fields in optimizer.items():
+        for field, tensor in fields.items():
+            assert torch.equal(start["optimizer"]["state"][name][field], tensor), (name, field)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_under_another_parallelism(fsdp2: Project) -> None:
+    """FSDP2 on 2 ranks -> one bare process -> FSDP2 -> DDP, each phase stopped by a notice
+    and the next resumed from its stop checkpoint: each starts from exactly the state saved."""
+    fsdp2.env.update({"PRUDENT_RANKS_AGREE_EVERY_S": "0"})
+    (fsdp2.path / "prudent.yaml").write_text("checkpoint:\n  every: 1000steps\n  keep: 5\n")
+    checkpoints = fsdp2.path / ".prudent" / "runs" / "moved" / "checkpoints"
+    one_rank = [*torchrun()]
+    one_rank[one_rank.index("--nproc-per-node") + 1] = "1"
+    resumed_from: list[str] = []
+
+    def phase(command: list[str], *settings: str, code: int = 75) -> str:
+        result = fsdp2.prudent("run", "--run-id", "moved", *(a for s in settings
+                                                             for a in ("--set", s)),
+                               "--", *command, timeout=300)
+        if code == 75:
+            assert result.returncode == 75, result.stderr
+        else:
+            assert_completed(fsdp2, "moved", result)
+        names = [e["payload"]["checkpoint"] for e in fsdp2.show("moved")["events"]
+                 if e["name"] == "resumed"]
+        resumed_from[:] = names
+        return names[-1] if names else ""
+
+    phase(torchrun(), "stop_at=30")  # FSDP2, 2 ranks: saved in shards
+    first = phase(one_rank, "wrap=none", "stop_at=60", "start_out=none.pt")
+    saved = shards_content(checkpoints / f"{first}.shards", fsdp2.path / "first.pt")
+    assert_resumed_with(torch.load(fsdp2.path / "none.pt", weights_only=True),
+                        {k[6:]: v for k, v in saved.items() if k.startswith("model/")},
+                        _flattened(saved))
+
+    second = phase(torchrun(), "wrap=fsdp2", "stop_at=90", "start_out=fsdp2.pt")  # whole -> shards
+    assert not (checkpoints / f"{second}.shards").exists()  # one process saved it whole
+    whole = torch.load(checkpoints / second / "state.pt", weights_only=True)["objects"]
+    names = list(whole["model"])  # AdamW's parameter order: the model's
+    assert_resumed_with(torch.load(fsdp2.path / "fsdp2.pt", weights_only=True), whole["model"],
+                        {names[i]: state for i, state in whole["optimizer"]["state"].items()})
+
+    third = phase(torchrun(), "wrap=ddp", "start_out=ddp.pt", code=0)  # shards -> DDP
+    saved = shards_content(checkpoints / f"{third}.shards", fsdp2.path / "third.pt")
+    assert_resumed_with(torch.load(fsdp2.path / "ddp.pt", weights_only=True),
+                        {k[6:]: v for k, v in saved.items() if k.startswith("model/")},
+                        _flattened(saved))
+    assert len(resumed_from) == 3 and len(set(resumed_from)) == 3
+    assert fsdp2.show("moved")["status"] == "completed"
+
+
+def _flattened(saved: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """DCP's flattened optimizer keys ("optimizer/state.<name>.<field>") by name and field."""
+    found: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in saved.items():
+        if key.startswith("optimizer/state."):
+            name, field = key[len("optimizer/state."):].rsplit(".", 1)
+            found.setdefault(name, {})[field] = tensor
+    return found

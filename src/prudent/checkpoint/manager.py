@@ -21,14 +21,22 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.checkpoint.objects import check_saveable, restore_object, state_of
+from prudent.checkpoint.portable import (
+    needs_translation,
+    restore_whole_module,
+    restore_whole_optimizer,
+    sharded_owner,
+)
 from prudent.checkpoint.ranks import check_world_change, rank_state, restore_rank_state, world_of
 from prudent.checkpoint.schedule import SaveSchedule
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.checkpoint.sharded import (
     SHARDS_SUFFIX,
     corrupted_shards,
+    holds_shards,
     is_sharded_entry,
     load_sharded,
+    owner_of,
     save_sharded,
     sharded_objects,
     shards_folder_of,
@@ -154,20 +162,21 @@ class Checkpointer(Component):
             saved = self._saved_objects.pop(key)
             if is_sharded_entry(saved):
                 sharded[key] = saved
-            else:
-                restore_object(obj, saved)
+            else:  # saved whole: into this object, whatever wraps or shards it now
+                _restore_whole(run, key, obj, saved)
         if sharded:
             self._restore_shards(run, sharded)
 
     def _restore_shards(self, run: RunContext, saved: dict[str, Any]) -> None:
-        """Every rank reads its shards back (a collective: every rank attaches alike)."""
-        pairs = sharded_objects(run.objects)
+        """Every rank reads its shards back (a collective: every rank attaches alike), into
+        sharded objects or whole ones (a job resumed on one process, or under DDP)."""
+        pairs = _module_pairs(run.objects)
         missing = sorted(set(saved) - set(pairs))
         if missing:
             raise ConfigError(
                 f"the checkpoint holds {', '.join(missing)} in shards, but the attached "
-                f"{' and '.join(missing)} is not sharded, or its model is not attached: attach "
-                "the fully_shard-ed model, then (or together with) its optimizer")
+                f"{' and '.join(missing)} is not a model, or not the optimizer of an attached "
+                "model: attach the model, then (or together with) its optimizer")
         assert self.storage is not None
         self._check_shards(run, shards_folder_of(saved))
         load_sharded({k: pairs[k] for k in saved}, saved, self.storage, _group_of(run))
@@ -492,6 +501,36 @@ def _as_at_boundary(boundary: tuple[int, int, int, int, Any], payload: dict[str,
             part["rng"] = {**part["rng"], "torch": torch_state}
     meta.update(epoch=epoch, batches_in_epoch=batches)
     return step, epoch, batches
+
+
+def _restore_whole(run: RunContext, key: str, obj: Any, saved: Any) -> None:
+    """Put an object's state saved whole back, translated where the model's form changed."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module) and needs_translation(obj, saved):
+        restore_whole_module(key, obj, saved)
+    elif (owner := sharded_owner(obj, run.objects)) is not None:
+        restore_whole_optimizer(key, owner, obj, saved)
+    elif isinstance(obj, torch.optim.Optimizer) and holds_shards(obj):
+        raise ConfigError(f"{key} updates a sharded (FSDP2) model that is not attached yet: "
+                          f"attach the model before (or together with) {key}")
+    else:
+        restore_object(obj, saved)
+
+
+def _module_pairs(objects: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """``key -> (module, optimizer or None)`` for every attached model and each optimizer of
+    an attached model's parameters: what DCP reads shards into."""
+    import torch
+
+    modules = {key: obj for key, obj in objects.items() if isinstance(obj, torch.nn.Module)}
+    pairs: dict[str, tuple[Any, Any]] = {key: (module, None) for key, module in modules.items()}
+    for key, obj in objects.items():
+        if isinstance(obj, torch.optim.Optimizer):
+            owner = owner_of(obj, modules.values())
+            if owner is not None:
+                pairs[key] = (owner, obj)
+    return pairs
 
 
 def _group_of(run: RunContext) -> Any:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from prudent.checkpoint.storage import CheckpointStorage
 
 __all__ = ["SHARDS_SUFFIX", "corrupted_shards", "holds_shards", "is_sharded_entry",
-           "load_sharded", "missing_shards", "save_sharded", "shard_digests", "sharded_objects",
+           "load_sharded", "missing_shards", "owner_of", "save_sharded", "shard_digests", "sharded_objects",
            "shards_folder_of"]
 
 SHARDS_SUFFIX = ".shards"
@@ -43,21 +43,27 @@ _CHUNK = 8 << 20
 
 
 def holds_shards(obj: Any) -> bool:
-    """A module whose parameters are DTensors (FSDP2's ``fully_shard``)."""
+    """A module whose parameters are DTensors (FSDP2's ``fully_shard``), or an optimizer of
+    such parameters."""
     dtensor = _dtensor_type()
-    if dtensor is None or not isinstance(obj, torch.nn.Module):
+    if dtensor is None:
         return False
-    return any(isinstance(p, dtensor) for p in obj.parameters())
+    if isinstance(obj, torch.nn.Module):
+        return any(isinstance(p, dtensor) for p in obj.parameters())
+    if isinstance(obj, torch.optim.Optimizer):
+        return any(isinstance(p, dtensor) for group in obj.param_groups for p in group["params"])
+    return False
 
 
 def sharded_objects(objects: dict[str, Any]) -> dict[str, tuple[torch.nn.Module, Any]]:
     """``key -> (module, optimizer or None)`` for the attached objects saved through DCP: the
     sharded modules, and each optimizer of their parameters (paired with its module)."""
-    modules = {key: obj for key, obj in objects.items() if holds_shards(obj)}
+    modules = {key: obj for key, obj in objects.items()
+               if isinstance(obj, torch.nn.Module) and holds_shards(obj)}
     found: dict[str, tuple[torch.nn.Module, Any]] = {k: (m, None) for k, m in modules.items()}
     for key, obj in objects.items():
         if isinstance(obj, torch.optim.Optimizer):
-            owner = _owner(obj, modules.values())
+            owner = owner_of(obj, modules.values())
             if owner is not None:
                 found[key] = (owner, obj)
     return found
@@ -197,7 +203,8 @@ def _flat() -> Any:
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def _owner(optimizer: Any, modules: Any) -> torch.nn.Module | None:
+def owner_of(optimizer: Any, modules: Any) -> torch.nn.Module | None:
+    """The module among ``modules`` whose parameters ``optimizer`` updates."""
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
     for module in modules:
         if any(id(p) in params for p in module.parameters()):
