@@ -81,3 +81,12 @@ def test_off_written_bare_in_yaml_means_off_not_false(tmp_path: Path) -> None:
     assert (settings.checkpoint.every, settings.checkpoint.heartbeat_interval,
             settings.console.mode) == ("off", "off", "off")
     assert settings.monitor.enabled is False and settings.debug.capture is True
+
+
+def test_a_file_that_is_not_sections_shows_what_it_holds(tmp_path: Path) -> None:
+    config = tmp_path / "prudent.yaml"
+    config.write_text("- checkpoint\n- monitor\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings(config)
+    assert "got ['checkpoint', 'monitor']" in str(caught.value)
+    assert "{data" not in str(caught.value)

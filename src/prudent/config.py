@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -98,7 +99,7 @@ def _read_file(path: str | os.PathLike[str] | None) -> tuple[str | None, dict[st
         return str(path), {}
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ConfigError(f"{path}: expected sections of key: value pairs, e.g. 'store: "
-                          "{home: .prudent}', got {data!r}")
+                          f"{{home: .prudent}}', got {reprlib.repr(data)}")
     return str(path), {k: dict(v) for k, v in data.items()}
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -109,11 +110,59 @@ def test_ui_warns_when_it_listens_beyond_this_machine(tmp_path: Path) -> None:
                               stderr=subprocess.PIPE, text=True)
     try:
         first = server.stdout.readline()
+        token = re.search(r"\?token=(\S+)", first)
+        assert token, first
+        url = first.split()[2].replace("0.0.0.0", "127.0.0.1").split("?")[0]
+        deadline = time.monotonic() + 60
+        while True:  # the line is printed before the server listens
+            try:
+                status, _ = _fetch(url + "api/runs", host="10.1.2.3:80")  # no token
+                break
+            except ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert status == 401
+        status, headers = _fetch(f"{url}api/runs?token={token.group(1)}", host="10.1.2.3:80")
+        assert status == 200
+        cookie = headers["set-cookie"].split(";")[0]
+        assert _fetch(url + "api/runs", cookie=cookie)[0] == 200  # the cookie stands for it
+        assert _fetch(url + "api/runs", cookie="prudent_ui_token=guess")[0] == 401
     finally:
         server.terminate()
         _, err = server.communicate(timeout=30)
     assert "prudent ui: http://0.0.0.0:" in first and "read-only" in first
     assert "warning: listening on 0.0.0.0" in err and "ssh -L" in err
+
+
+def test_ui_on_loopback_refuses_a_request_for_another_host(ui: Any) -> None:
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 sends its
+    requests with its own Host; they are refused, and nothing of the store is answered."""
+    status, _ = _fetch(ui.url + "/api/runs", host="evil.example:8765")
+    assert status == 400
+    for host in (f"127.0.0.1:{ui.port}", f"localhost:{ui.port}", "[::1]"):
+        assert _fetch(ui.url + "/api/runs", host=host)[0] == 200, host
+
+
+def _fetch(url: str, host: str | None = None,
+           cookie: str | None = None) -> tuple[int, dict[str, str]]:
+    """Status and headers of a GET (``http.client``: ``urllib`` would not send a forged
+    ``Host``)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        headers = {"Host": host} if host else {}
+        if cookie:
+            headers["Cookie"] = cookie
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        response.read()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}
+    finally:
+        connection.close()
 
 
 def test_the_pages_from_a_postgresql_store(pg_url: str) -> None:

@@ -14,6 +14,7 @@ data is cached by that token, so a finished run's downsampling runs once.
 
 from __future__ import annotations
 
+import hmac
 import threading
 import time
 from collections import OrderedDict
@@ -72,7 +73,77 @@ class _RunCache:
                 self.pages.popitem(last=False)
 
 
-def create_app(settings: ProjectSettings, store: ReadOnlyStore, studies: Any = None) -> Starlette:
+class _Gate:
+    """Who may read the dashboard (ASGI middleware around the app).
+
+    A request must name, in its ``Host`` header, a host the dashboard serves: a web page
+    elsewhere whose name was made to resolve to 127.0.0.1 (DNS rebinding) names its own host,
+    and is refused. Listening beyond this machine, a request must also carry the token
+    ``prudent ui`` printed: once in the address (``?token=``), then in a cookie it sets.
+    """
+
+    COOKIE = "prudent_ui_token"
+
+    def __init__(self, app: Any, hosts: frozenset[str] | None, token: str | None) -> None:
+        self.app, self.hosts, self.token = app, hosts, token
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        from starlette.requests import Request
+        from starlette.responses import PlainTextResponse
+
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        host = request.headers.get("host", "")
+        if self.hosts is not None and _host_name(host) not in self.hosts:
+            refused = PlainTextResponse(
+                f"prudent ui: refused a request for host {host!r}: this dashboard serves "
+                f"{', '.join(sorted(self.hosts))}. To reach it by that name, start it with "
+                f"--allow-host {_host_name(host) or 'NAME'}\n", status_code=400)
+            await refused(scope, receive, send)
+            return
+        if self.token is None:
+            await self.app(scope, receive, send)
+            return
+        given = request.query_params.get("token", "")
+        if hmac.compare_digest(given, self.token):
+            cookie = f"{self.COOKIE}={self.token}; HttpOnly; SameSite=Strict; Path=/"
+
+            async def send_with_cookie(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message.get("headers", []),
+                                          (b"set-cookie", cookie.encode())]
+                await send(message)
+
+            await self.app(scope, receive, send_with_cookie)
+            return
+        if hmac.compare_digest(request.cookies.get(self.COOKIE, ""), self.token):
+            await self.app(scope, receive, send)
+            return
+        refused = PlainTextResponse(
+            "prudent ui: this dashboard needs its token: open the address prudent ui printed "
+            "when it started (it ends in ?token=...)\n", status_code=401)
+        await refused(scope, receive, send)
+
+
+def _host_name(host: str) -> str:
+    """``Host`` without its port: "127.0.0.1:8765" -> "127.0.0.1", "[::1]:80" -> "::1"."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def create_app(settings: ProjectSettings, store: ReadOnlyStore, studies: Any = None, *,
+               hosts: frozenset[str] | None = None, token: str | None = None) -> Any:
+    """The dashboard's app; ``hosts``: the names a request's ``Host`` may give (any when
+    None); ``token``: the one every request must carry (none when None)."""
+    app = _pages(settings, store, studies)
+    return app if hosts is None and token is None else _Gate(app, hosts, token)
+
+
+def _pages(settings: ProjectSettings, store: ReadOnlyStore, studies: Any = None) -> Starlette:
     """The dashboard over ``store`` (opened read-only by the caller, closed by it too);
     ``studies``: an opened Optuna storage whose studies are listed beside the journal files."""
     from starlette.applications import Starlette

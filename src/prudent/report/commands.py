@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import typer
 from prudent.config import load_settings
 from prudent.errors import ConfigError
 
-__all__ = ["LOCAL_HOSTS", "host_warning", "report", "ui"]
+__all__ = ["LOCAL_HOSTS", "access", "host_warning", "report", "ui"]
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 _ConfigOption = typer.Option(None, "--config", "-c", metavar="FILE",
@@ -74,6 +75,10 @@ def ui(
     storage: str | None = typer.Option(None, "--storage", metavar="URL", help="An Optuna storage "
                                        "URL whose studies are listed too (prudent tune --storage "
                                        "...); journal files under .prudent/studies always are."),
+    allow_host: list[str] = typer.Option([], "--allow-host", metavar="NAME", help="A host "
+                                         "name requests may use besides this machine's "
+                                         "loopback names (repeatable): a name of this machine "
+                                         "behind a tunnel or a proxy."),
     config: str | None = _ConfigOption,
 ) -> None:
     """A local, read-only dashboard over the store: runs, a run's curves live, compare, studies."""
@@ -97,14 +102,26 @@ def ui(
     warning = host_warning(host, port)
     if warning:
         print(warning, file=sys.stderr)
+    hosts, token = access(host, allow_host)
     shown = f"[{host}]" if ":" in host else host
-    print(f"prudent ui: http://{shown}:{port}/ over {store.url} (read-only; Ctrl-C stops it)",
-          flush=True)
+    address = f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+    print(f"prudent ui: {address} over {store.url} (read-only; Ctrl-C stops it)", flush=True)
     try:
-        uvicorn.run(create_app(settings, store, studies), host=host, port=port,
-                    log_level="warning")
+        uvicorn.run(create_app(settings, store, studies, hosts=hosts, token=token), host=host,
+                    port=port, log_level="warning")
     finally:
         store.close()
+
+
+def access(host: str, allowed: list[str]) -> tuple[frozenset[str] | None, str | None]:
+    """The host names requests may use, and the token they must carry. On loopback: its
+    names (and ``allowed``), no token. Beyond it: a token printed at start (its names are
+    not known here), requests' host names checked only when ``allowed`` names some."""
+    names = frozenset(name.lower() for name in allowed)
+    if host in LOCAL_HOSTS:
+        return frozenset(LOCAL_HOSTS) | names, None
+    return (frozenset(LOCAL_HOSTS) | names | {host.lower()} if names else None,
+            secrets.token_urlsafe(18))
 
 
 def host_warning(host: str, port: int) -> str | None:
@@ -112,9 +129,10 @@ def host_warning(host: str, port: int) -> str | None:
     if host in LOCAL_HOSTS:
         return None
     return (f"prudent ui: warning: listening on {host}:{port}, not 127.0.0.1: anyone who can "
-            "reach this machine can read every run's config, command, metrics and events (there "
-            "is no login). To look from another machine, keep the default and tunnel: "
-            f"ssh -L {port}:127.0.0.1:{port} THIS_HOST")
+            "reach this machine and has the address below (its token is the only login) can "
+            "read every run's config, command, metrics and events, over plain HTTP. To look "
+            f"from another machine, keep the default and tunnel: ssh -L {port}:127.0.0.1:{port} "
+            "THIS_HOST")
 
 
 def _write(target: Path, html: str) -> None:
