@@ -14,7 +14,7 @@ import sqlalchemy as sa
 import torch
 from sqlalchemy.exc import DataError, OperationalError
 
-from prudent.errors import ConfigError, StoreError
+from prudent.errors import ConfigError, StoreError, StoreUnavailable
 from prudent.store import SCHEMA_VERSION, Store, database_url, mask_url, schema_info
 from prudent.store_writer import StoreWriter, to_floats
 from tests.postgres import PostgresServer
@@ -114,6 +114,22 @@ def test_run_lifecycle_fields(store: Store) -> None:
     assert store.find_run_ids("r") == ["r1"] and store.find_run_ids("x") == []
     assert store.find_run_ids("r%") == []  # LIKE wildcards in a prefix are plain characters
     assert [r["id"] for r in store.list_runs()] == ["r1"]
+
+
+def test_steps_read_live_while_running_and_after_a_kill(store: Store) -> None:
+    """A run writes its step count when it ends: until then (and when it was killed before
+    it could) its step is as far as its metrics went."""
+    for run_id in ("running", "killed", "done"):
+        store.create_run(run_id, run_id)
+        store.add_records([{"run_id": run_id, "step": step, "name": "loss", "value": 1.0,
+                            "wall": float(step)} for step in range(1, 301)], [])
+    store.close_if_running("killed", status="failed", stop_reason="killed")
+    store.close_if_running("done", status="completed", step=320)  # the last 20 logged nothing
+    assert {r["id"]: r["step"] for r in store.list_runs()} == {
+        "running": 300, "killed": 300, "done": 320}
+    assert store.get_run("running")["step"] == 300  # type: ignore[index]
+    store.create_run("fresh", "fresh")
+    assert store.get_run("fresh")["step"] == 0  # type: ignore[index]
 
 
 def test_a_run_its_own_process_closed_is_not_closed_again(store: Store) -> None:
@@ -345,8 +361,8 @@ def test_a_write_gives_up_when_the_server_stays_away(postgres: PostgresServer,
     store.unreachable_wait_s = 0.5
     postgres.stop()
     try:
-        with pytest.raises(OperationalError, match="refused"):
-            store.update_run("r1", status="completed")
+        with pytest.raises(StoreUnavailable, match="cannot use the run store .*refused"):
+            store.update_run("r1", status="completed")  # a StoreError callers catch
     finally:
         postgres.start()
     store.close()

@@ -18,7 +18,8 @@ import dataclasses
 
 from prudent.stop import ExitCode, StopReason
 
-__all__ = ["ConfigError", "ExitCode", "PrudentError", "StopRun", "StoreError", "exit_code_for"]
+__all__ = ["ConfigError", "ExitCode", "PrudentError", "StopRun", "StoreError", "StoreUnavailable",
+           "exit_code_for"]
 
 
 class PrudentError(Exception):
@@ -31,6 +32,11 @@ class ConfigError(PrudentError, ValueError):
 
 class StoreError(PrudentError, RuntimeError):
     """The run store cannot be opened, migrated or written."""
+
+
+class StoreUnavailable(StoreError):  # noqa: N818 - a state, like StoreError's kin
+    """The store did not answer a read or a write (a full disk, a lock held too long, a
+    server away), after the store's own retries: what was asked may succeed later."""
 
 
 class StopRun(Exception):  # noqa: N818 - the public name is fixed by the design

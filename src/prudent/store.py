@@ -33,7 +33,7 @@ from sqlalchemy.exc import (
     OperationalError,
 )
 
-from prudent.errors import ConfigError, StoreError
+from prudent.errors import ConfigError, StoreError, StoreUnavailable
 
 __all__ = ["SCHEMA_VERSION", "Store", "StoreSettings", "mask_url", "resolve_run"]
 
@@ -213,6 +213,8 @@ def database_url(url: str) -> str:
 
 def describe_error(exc: BaseException) -> str:
     """The driver's own first line, without SQLAlchemy's statement and help link."""
+    if isinstance(exc, StoreUnavailable) and exc.__cause__ is not None:
+        exc = exc.__cause__
     text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
     return mask_url(text[0] if text else type(exc).__name__)
 
@@ -342,11 +344,38 @@ class Store:
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         stmt = sa.select(runs).where(runs.c.id == run_id)
         row = self._read(lambda conn: conn.execute(stmt).mappings().first())
-        return _run_dict(row) if row else None
+        return self._with_steps([_run_dict(row)])[0] if row else None
 
     def list_runs(self, limit: int | None = None) -> list[dict[str, Any]]:
         stmt = sa.select(runs).order_by(runs.c.started_at.desc()).limit(limit)
-        return [_run_dict(row) for row in self._read(lambda c: c.execute(stmt).mappings().all())]
+        rows = self._read(lambda c: c.execute(stmt).mappings().all())
+        return self._with_steps([_run_dict(row) for row in rows])
+
+    def _with_steps(self, found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``step`` as far as the run's metrics went: a run writes its step count when it
+        ends, so a running run (or one killed before it could) would read its start's."""
+        ids = [run["id"] for run in found if run["status"] == "running" or run["ended_at"] is None
+               or not run["step"]]
+        if not ids:
+            return found
+        reached: dict[str, int] = {}
+        for chunk in (ids[i:i + 500] for i in range(0, len(ids), 500)):
+            rollup = (sa.select(metric_rollup.c.run_id, sa.func.max(metric_rollup.c.last_step))
+                      .where(metric_rollup.c.width == ROLLUP_WIDTHS[-1],
+                             metric_rollup.c.run_id.in_(chunk))
+                      .group_by(metric_rollup.c.run_id))  # a few rows per run
+            raw = (sa.select(metrics.c.run_id, sa.func.max(metrics.c.step))
+                   .where(metrics.c.run_id.in_(chunk)).group_by(metrics.c.run_id))
+            try:
+                rows = self._read(lambda c, q=rollup: c.execute(q).all())
+            except (sa.exc.DBAPIError, StoreUnavailable):  # a store without the rollup (other databases, a copy
+                rows = []  # made by a prudent that predates it)
+            if len(rows) < len(chunk):
+                rows = self._read(lambda c, q=raw: c.execute(q).all())
+            reached.update({run_id: int(step or 0) for run_id, step in rows})
+        for run in found:
+            run["step"] = max(run["step"] or 0, reached.get(run["id"], 0))
+        return found
 
     def find_run_ids(self, prefix: str) -> list[str]:
         stmt = sa.select(runs.c.id).where(runs.c.id.startswith(prefix, autoescape=True))
@@ -413,7 +442,11 @@ class Store:
                  "payload": json.loads(r["payload"] or "{}"), "wall": r["wall"]} for r in rows]
 
     def _retry(self, fn: Callable[[], T]) -> T:
-        return _retry(fn, wait_s=self.unreachable_wait_s)
+        try:
+            return _retry(fn, wait_s=self.unreachable_wait_s)
+        except (OperationalError, InterfaceError) as exc:  # the rest: refused for what it held
+            raise StoreUnavailable(f"cannot use the run store {self.url}: "
+                                   f"{describe_error(exc)}") from exc
 
     def _read(self, fn: Callable[[sa.Connection], T]) -> T:
         def read() -> T:

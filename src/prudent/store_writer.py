@@ -8,11 +8,12 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from prudent.errors import StoreUnavailable
 from prudent.events import EventKind
 from prudent.store import Store, describe_error
 
@@ -46,6 +47,10 @@ class StoreWriter:
         self._dropped_in_outage = 0
         self._last_row: tuple[str, int] | None = None  # (run id, step) of the newest row queued
         self._listeners: list[WriterListener] = []
+        # where rows the store never took go instead of being lost (the run's record beside
+        # its checkpoints: ``prudent.record.sync``); None: they are dropped, counted
+        self.journal: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
+        self.num_journaled = 0
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
@@ -105,7 +110,7 @@ class StoreWriter:
                 waiter.set()
         if rows[0] or rows[1]:
             self._drop(rows, len(rows[0]), len(rows[1]), "the run store stayed unreachable "
-                       "until the run ended", final=True)
+                       "until the run ended", final=True, unreachable=True)
 
     def _take(self, item: tuple[Any, ...], rows: tuple[list[dict[str, Any]], list[dict[str, Any]]],
               waiters: list[threading.Event]) -> float | None:
@@ -122,7 +127,8 @@ class StoreWriter:
         excess = len(rows[0]) + len(rows[1]) - self.max_buffered_rows
         if excess > 0:
             self._drop(rows, min(excess, len(rows[0])), max(0, excess - len(rows[0])),
-                       f"more than {self.max_buffered_rows} rows waited for the run store")
+                       f"more than {self.max_buffered_rows} rows waited for the run store",
+                       unreachable=True)
         return item[1] if kind == "stop" else None
 
     def _tell(self, metric_rows: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> None:
@@ -152,7 +158,8 @@ class StoreWriter:
     def _commit(self, metric_rows: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> None:
         try:
             self.store.add_records(metric_rows, event_rows)
-        except (OperationalError, InterfaceError) as exc:  # unreachable: keep them, try again
+        except (StoreUnavailable, OperationalError, InterfaceError) as exc:  # unreachable: keep
+            # them, try again
             self._outage(exc)
             return
         except Exception as exc:  # refused for what they hold: retrying would block the rest
@@ -163,8 +170,22 @@ class StoreWriter:
         del metric_rows[:], event_rows[:]
 
     def _drop(self, rows: tuple[list[dict[str, Any]], list[dict[str, Any]]], num_metrics: int,
-              num_events: int, why: str, final: bool = False) -> None:
+              num_events: int, why: str, final: bool = False, unreachable: bool = False) -> None:
+        """Rows out of the buffer: into the journal when the store could not be reached (not
+        when it refused them: they would be refused again), else dropped and counted."""
+        metric_rows, event_rows = rows[0][:num_metrics], rows[1][:num_events]
         del rows[0][:num_metrics], rows[1][:num_events]
+        if unreachable and self.journal is not None and (metric_rows or event_rows):
+            try:
+                self.journal(metric_rows, event_rows)
+            except Exception as exc:  # noqa: BLE001 - the journal failed too: counted below
+                log.warning("prudent: the run's journal could not be written either (%s)", exc)
+            else:
+                self.num_journaled += len(metric_rows) + len(event_rows)
+                log.warning("prudent: %d metric rows and %d events the run store did not take "
+                            "(%s) are kept in the run's record beside its checkpoints; the "
+                            "next start imports them", len(metric_rows), len(event_rows), why)
+                return
         first_in_outage = self._outage_since is not None and not self._dropped_in_outage
         self.num_dropped += num_metrics + num_events
         self._dropped_in_outage += num_metrics + num_events
@@ -243,6 +264,10 @@ class NullWriter:
     def __init__(self) -> None:
         self.latest: dict[str, float] = {}
         self._listeners: list[WriterListener] = []
+        # where rows the store never took go instead of being lost (the run's record beside
+        # its checkpoints: ``prudent.record.sync``); None: they are dropped, counted
+        self.journal: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
+        self.num_journaled = 0
 
     def add_listener(self, listener: WriterListener) -> None:
         self._listeners.append(listener)  # told nothing; closed with the writer

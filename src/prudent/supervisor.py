@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prudent.config import ProjectSettings
 from prudent.errors import ConfigError, ExitCode, StoreError
@@ -100,8 +100,9 @@ class Supervisor:
             if not os.environ.get(ENV_LAUNCHER_ERROR_FILE):
                 Path(self._error_file).unlink(missing_ok=True)
 
-    def _supervise(self, store: Store) -> int:
-        created = self._register(store)
+    def _supervise(self, registered_in: Store) -> int:
+        created = self._register(registered_in)
+        store = cast(Store, _BestEffortStore(registered_in))
         attempt = 0
         while True:
             code = self._launched_code(self._launch_and_wait())
@@ -292,6 +293,35 @@ def _verdict(code: int) -> tuple[str, str | None, str]:
     if reason is not None and not reason.is_failure:
         return "stopped", str(reason), f"process exited with code {code}"
     return "failed", "error", f"process exited with code {code}"
+
+
+class _BestEffortStore:
+    """The store as the supervisor uses it once the run is launched. A store that fails then
+    (a full disk, a lock held too long, a server away) is said once and read as empty: it
+    never changes the exit code or a relaunch. The run's record beside its checkpoints keeps
+    what happened, and the next start imports it."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._store, name)
+        if not callable(found):
+            return found
+
+        def tolerant(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return found(*args, **kwargs)
+            except StoreError as exc:
+                if not self.failed:
+                    self.failed = True
+                    print(f"prudent: warning: {exc}; the run's exit code and relaunches do not "
+                          "depend on it (its record beside the checkpoints is imported at the "
+                          "next start)", file=sys.stderr, flush=True)
+                return None
+
+        return tolerant
 
 
 def _event(store: Store, run_id: str, name: str, message: str, **payload: Any) -> None:

@@ -36,6 +36,7 @@ from prudent.cost.policy import (
 )
 from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.cost.shape import with_torchrun
+from prudent.errors import StoreError
 from prudent.events import Component, Event, EventKind
 from prudent.record.attempt import attempt_id, host_name
 from prudent.stop import StopKind, StopReason
@@ -179,7 +180,10 @@ class CostMeter(Component):
         run.record_event(EventKind.COST, "meter", self._summary_text(breakdown), **breakdown,
                          **_progress(run))
         if run.store is not None:
-            run.store.update_run(run.id, cost_usd=breakdown["total_usd"])
+            try:
+                run.store.update_run(run.id, cost_usd=breakdown["total_usd"])
+            except StoreError as exc:  # the cost event above is in the record beside the
+                log.warning("prudent could not store the run's cost (%s)", exc)  # checkpoints
         if self.hourly_usd > 0:
             self._say(run, self._summary_text(breakdown))
 

@@ -337,8 +337,14 @@ class Profiler(Component):
         line = summary_line(summary)
         run.record_event(EventKind.PROFILE, "summary", line, **summary)
         path = run.run_dir / "profile.json"
-        path.write_text(json.dumps({**summary, "timeline": self.sampler.samples}, indent=1,
-                                   default=str) + "\n")
+        temporary = path.with_name(".profile.json.tmp")  # a full disk leaves no cut-short file
+        try:
+            temporary.write_text(json.dumps({**summary, "timeline": self.sampler.samples},
+                                            indent=1, default=str) + "\n")
+            temporary.replace(path)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            raise
         self._say(run, line)
 
     def _facts(self, run: RunContext) -> Facts:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["RecordSync"]
 
 log = logging.getLogger("prudent.record")
+JOURNAL_SEQ = 900_000  # the journal's segments, numbered apart from the exported ones
 
 
 class RecordSync(Component):
@@ -60,6 +61,7 @@ class RecordSync(Component):
         self.segment_bytes: list[int] = []  # size of each segment written, for the figures
         self.beat_s: list[float] = []  # seconds each wake of the thread took (segment + beat)
         self._cursor: Cursor = (0, 0)
+        self._journals = 0
         self._backlog: tuple[list[list[Any]], list[list[Any]]] = ([], [])
         self._seq = 0
         self._wake = threading.Event()
@@ -83,6 +85,9 @@ class RecordSync(Component):
         self._cursor = newest_ids(run.store, run.id)
         self._backlog = self._not_exported(run, storage_keys)
         run.add_component(_Finisher(self))  # last, so its on_end sees every other's record
+        if hasattr(run.writer, "journal"):
+            run.writer.journal = lambda metric_rows, event_rows: self._journal(
+                run.id, metric_rows, event_rows)
         self._thread = threading.Thread(target=self._loop, args=(run,), daemon=True,
                                         name="prudent-record")
         self._thread.start()
@@ -178,6 +183,22 @@ class RecordSync(Component):
         self.storage.put(FOLDER, segment_file(self.attempt.id, self._seq), data)
         self.segment_bytes.append(len(data))
         self._cursor, self._backlog, self._seq = cursor, ([], []), self._seq + 1
+
+    def _journal(self, run_id: str, metric_rows: list[dict[str, Any]],
+                 event_rows: list[dict[str, Any]]) -> None:
+        """Rows the store never took (the writer's, on its thread), as one more segment of
+        this attempt: the next start's import adds them to the store (rows already there, if
+        it took them after all, are skipped by their keys)."""
+        assert self.storage is not None
+        with self._lock:
+            self._journals += 1
+            segment = Segment(
+                run_id, Attempt(**vars(self.attempt)), JOURNAL_SEQ + self._journals, {},
+                [[r["step"], r["kind"], r["name"], r["message"], r["payload"], r["wall"]]
+                 for r in event_rows],
+                [[r["step"], r["name"], r["value"], r["wall"]] for r in metric_rows])
+            self.storage.put(FOLDER, segment_file(self.attempt.id, segment.seq),
+                             encode_segment(segment))
 
     def _beat(self, run: RunContext) -> None:
         assert self.storage is not None

@@ -15,8 +15,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from prudent.errors import ConfigError, StoreError
-from prudent.store import SCHEMA_VERSION, Store, database_url, mask_url
+from prudent.errors import ConfigError, StoreError, StoreUnavailable
+from prudent.store import SCHEMA_VERSION, Store, database_url, describe_error, mask_url
 
 __all__ = ["ReadOnlyStore", "open_readonly"]
 
@@ -31,10 +31,10 @@ class ReadOnlyStore(Store):
         self.unreachable_wait_s = 0.0
         try:
             version = self.schema_version()
-        except sa.exc.DBAPIError as exc:
+        except (sa.exc.DBAPIError, StoreUnavailable) as exc:
             self.engine.dispose()
             raise StoreError(f"cannot read the run store {self.url}: "
-                             f"{str(exc.orig).splitlines()[0]}") from None
+                             f"{describe_error(exc)}") from None
         if version > SCHEMA_VERSION:
             self.engine.dispose()
             raise StoreError(f"the run store {self.url} has schema version {version}, newer "
