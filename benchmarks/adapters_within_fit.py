@@ -19,7 +19,7 @@ is dropped), and prudent's threads run when they run.
 ``--pause`` takes components out of the run (``RunContext.pause``) for the whole fit: with
 ``--pause all`` what is left is the adapter and the kernel (the shell every step pays).
 
-Reproduce (the figures quoted in the README and docs/benchmarks.md)::
+Reproduce (the figures quoted in docs/benchmarks.md)::
 
     python benchmarks/adapters_within_fit.py                  # the benchmark's 1.2 ms step
     python benchmarks/adapters_within_fit.py --steps 2000     # a longer fit

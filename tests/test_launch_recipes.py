@@ -1,4 +1,4 @@
-"""The launch recipes in examples/launch/: every file parses, says what the README (one node) or
+"""The launch recipes in examples/launch/: every file parses, says what docs/launch.md (one node) or
 docs/many-gpus.md (several nodes) says, uses prudent's exit codes and setting variables, the
 multi-node ones meet in one rendezvous keyed by the job, and the SLURM scripts turn SLURM's
 SIGUSR1 into a SIGTERM for the training and requeue on exit 75.
@@ -42,7 +42,8 @@ SLURM_MULTINODE = LAUNCH / "slurm-multinode.sbatch"
 SKYPILOT_MULTINODE = LAUNCH / "skypilot-multinode.yaml"
 KUBERNETES_MULTINODE = LAUNCH / "kubernetes-multinode.yaml"
 MULTINODE = (SLURM_MULTINODE, SKYPILOT_MULTINODE, KUBERNETES_MULTINODE)
-SECTION = "## Launching in the cloud"
+LAUNCH_PAGE = ROOT / "docs" / "launch.md"
+SECTION = "# Launching in the cloud"
 MANY_GPUS = ROOT / "docs" / "many-gpus.md"
 MANY_GPUS_SECTION = "## Recipes"
 # what a platform must do with each of prudent's codes: resume, or give up at once
@@ -94,8 +95,8 @@ def section(path: Path, title: str) -> str:
     return text[start:end if end >= 0 else None]
 
 
-def readme_section() -> str:
-    return section(ROOT / "README.md", SECTION)
+def launch_section() -> str:
+    return section(LAUNCH_PAGE, SECTION)
 
 
 def documented_recipes(text: str) -> dict[str, tuple[list[Path], list[str]]]:
@@ -115,8 +116,8 @@ def documented_recipes(text: str) -> dict[str, tuple[list[Path], list[str]]]:
     return recipes
 
 
-def readme_recipes() -> dict[str, tuple[list[Path], list[str]]]:
-    return documented_recipes(readme_section())
+def launch_recipes() -> dict[str, tuple[list[Path], list[str]]]:
+    return documented_recipes(launch_section())
 
 
 def many_gpus_recipes() -> dict[str, tuple[list[Path], list[str]]]:
@@ -143,14 +144,14 @@ def prudent_and_torchrun(path: Path) -> tuple[dict[str, str], dict[str, str]]:
 
 
 # every file parses --------------------------------------------------------------------------
-def test_every_recipe_file_is_linked_from_the_readme_or_the_many_gpus_page() -> None:
-    one_node = {p for links, _ in readme_recipes().values() for p in links}
+def test_every_recipe_file_is_linked_from_the_launch_or_the_many_gpus_page() -> None:
+    one_node = {p for links, _ in launch_recipes().values() for p in links}
     many = {p for links, _ in many_gpus_recipes().values() for p in links}
     files = {p for p in LAUNCH.rglob("*") if p.is_file() and p.name != "requirements.txt"}
     assert one_node | many == files
     assert many == set(MULTINODE) and not one_node & many
-    assert len(readme_recipes()) == 4 and len(many_gpus_recipes()) == 3
-    assert "(docs/many-gpus.md)" in readme_section()
+    assert len(launch_recipes()) == 4 and len(many_gpus_recipes()) == 3
+    assert "(many-gpus.md)" in launch_section()
 
 
 def test_skypilot_task_resumes_by_task_id_and_leaves_relaunching_to_skypilot() -> None:
@@ -356,8 +357,8 @@ def test_recipes_name_prudents_settings_by_their_variables() -> None:
     assert {"PRUDENT_CHECKPOINT_URL", "PRUDENT_STORE_URL"} <= used
 
 
-# the README says what the files do ------------------------------------------------------
-@pytest.mark.parametrize("recipes", [readme_recipes, many_gpus_recipes])
+# the docs say what the files do --------------------------------------------------------
+@pytest.mark.parametrize("recipes", [launch_recipes, many_gpus_recipes])
 def test_documented_command_lines_are_exactly_those_of_the_recipes(recipes: Any) -> None:
     for title, (links, documented) in recipes().items():
         in_files = [c for path in links for c in recipe_commands(path)]

@@ -1,0 +1,158 @@
+"""The reference pages, generated from the code: every prudent.yaml setting from the pydantic
+settings models (``prudent.config.ProjectSettings``, one section per component) and every
+command of the CLI with its options (typer's click command).
+
+Used by ``gen_reference.py`` at ``mkdocs build`` and by ``tests/test_docs.py``, which checks
+that no settings field is missing from the page.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+import typer
+import yaml
+from pydantic import BaseModel, SecretStr
+
+from prudent.cli import app
+from prudent.config import ProjectSettings
+from prudent.launch import ENV_SETTINGS
+
+
+@dataclass(frozen=True)
+class Setting:
+    path: str  # dotted, from the section: "checkpoint.every", "monitor.rules.stalled.grace_s"
+    type: str
+    default: str
+    variable: str  # the PRUDENT_* variable that sets it, or ""
+    description: str
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The settings model a field holds (nested section), or None for a plain value."""
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " | ".join(str(a) for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return "null"
+    if origin is not None:
+        args = ", ".join(_type_name(a) for a in typing.get_args(annotation))
+        return f"{getattr(origin, '__name__', str(origin))}[{args}]"
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
+
+
+def _default(value: Any) -> str:
+    if isinstance(value, SecretStr):
+        return "(secret)"
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    try:
+        text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    except yaml.YAMLError:
+        text = str(value)
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+def settings(model: type[BaseModel] = ProjectSettings, prefix: str = "") -> list[Setting]:
+    """Every leaf field of the settings models, depth first, in declaration order."""
+    env = {".".join(where): var for var, where in ENV_SETTINGS.items()}
+    rows = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        nested = _model_of(field.annotation)
+        if nested is not None:
+            rows.extend(settings(nested, path + "."))
+            continue
+        default = field.get_default(call_default_factory=True)
+        rows.append(Setting(path, _type_name(field.annotation), _default(default),
+                            env.get(path, ""), " ".join((field.description or "").split())))
+    return rows
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def settings_markdown() -> str:
+    """The settings reference: one table per section of prudent.yaml."""
+    out = []
+    for section, field in ProjectSettings.model_fields.items():
+        model = _model_of(field.annotation)
+        assert model is not None, section
+        doc = inspect.cleandoc(model.__doc__ or "").split("\n\n")[0]
+        out += [f"## `{section}`", "", " ".join(doc.split()), "",
+                "| setting | type | default | variable | description |", "|---|---|---|---|---|"]
+        for s in settings(model, section + "."):
+            var = f"`{s.variable}`" if s.variable else ""
+            out.append(f"| `{s.path}` | {_cell(s.type)} | `{_cell(s.default)}` | {var} "
+                       f"| {_cell(s.description)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _commands(group: Any, prefix: str) -> list[tuple[str, Any]]:
+    found = []
+    for name in group.commands:  # the order they were registered in
+        command = group.commands[name]
+        if getattr(command, "hidden", False):
+            continue
+        found.append((f"{prefix} {name}", command))
+        if hasattr(command, "commands"):
+            found.extend(_commands(command, f"{prefix} {name}"))
+    return found
+
+
+def commands() -> list[tuple[str, Any]]:
+    """Every (full name, click command) of the CLI, groups included."""
+    return _commands(typer.main.get_command(app), "prudent")
+
+
+def _param_row(param: Any) -> str:
+    if param.param_type_name == "argument":
+        names = f"`{(param.metavar or param.name).upper()}`"
+    else:
+        value = "" if getattr(param, "is_flag", False) or not param.metavar else f" {param.metavar}"
+        names = ", ".join(f"`{o}{value}`" for o in [*param.opts, *param.secondary_opts])
+    default = param.default
+    shown = "" if default in (None, False, (), []) or param.param_type_name == "argument" \
+        else f"`{_cell(_default(default))}`"
+    required = " (required)" if param.required else ""
+    repeat = " (repeatable)" if getattr(param, "multiple", False) else ""
+    help_text = " ".join((getattr(param, "help", None) or "").split())
+    return f"| {_cell(names)} | {shown} | {_cell(help_text)}{required}{repeat} |"
+
+
+def cli_markdown() -> str:
+    """The CLI reference: each command, its one-line help and its options."""
+    out = []
+    for name, command in commands():
+        out += [f"## `{name}`", "", " ".join((command.help or "").split()), ""]
+        params = [p for p in command.params if not getattr(p, "hidden", False)]
+        if hasattr(command, "commands") and not params:
+            out += ["Commands: " + ", ".join(f"`{name} {c}`" for c in sorted(command.commands)),
+                    ""]
+            continue
+        if params:
+            out += ["| option | default | what it does |", "|---|---|---|"]
+            out += [_param_row(p) for p in params]
+            out.append("")
+    return "\n".join(out)
+
+
+def anchor(title: str) -> str:
+    """The id MkDocs gives a heading (Python-Markdown's toc slugify)."""
+    text = re.sub(r"[^\w\s-]", "", title.replace("`", "")).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
