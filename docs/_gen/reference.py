@@ -40,6 +40,14 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _optional_model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model of a ``Model | None`` field (a part that is off until it is set)."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return None
+    models = [a for a in typing.get_args(annotation) if _model_of(a)]
+    return models[0] if len(models) == 1 else None
+
+
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
@@ -79,6 +87,9 @@ def settings(model: type[BaseModel] = ProjectSettings, prefix: str = "") -> list
         default = field.get_default(call_default_factory=True)
         rows.append(Setting(path, _type_name(field.annotation), _default(default),
                             env.get(path, ""), " ".join((field.description or "").split())))
+        optional = _optional_model_of(field.annotation)
+        if optional is not None:  # its own settings, once it is set
+            rows.extend(settings(optional, path + "."))
     return rows
 
 
@@ -120,6 +131,10 @@ def commands() -> list[tuple[str, Any]]:
     return _commands(typer.main.get_command(app), "prudent")
 
 
+def _first_line(command: Any) -> str:
+    return " ".join((command.help or "").split("\n\n")[0].split()).split(". ")[0].rstrip(".")
+
+
 def _param_row(param: Any) -> str:
     if param.param_type_name == "argument":
         names = f"`{(param.metavar or param.name).upper()}`"
@@ -127,19 +142,30 @@ def _param_row(param: Any) -> str:
         value = "" if getattr(param, "is_flag", False) or not param.metavar else f" {param.metavar}"
         names = ", ".join(f"`{o}{value}`" for o in [*param.opts, *param.secondary_opts])
     default = param.default
-    shown = "" if default in (None, False, (), []) or param.param_type_name == "argument" \
-        else f"`{_cell(_default(default))}`"
-    required = " (required)" if param.required else ""
-    repeat = " (repeatable)" if getattr(param, "multiple", False) else ""
+    unset = default is None or default is False or default in ((), [])
+    shown = "" if unset or param.param_type_name == "argument" else f"`{_cell(_default(default))}`"
     help_text = " ".join((getattr(param, "help", None) or "").split())
+    required = " (required)" if param.required else ""
+    repeatable = getattr(param, "multiple", False) and "repeatable" not in help_text
+    repeat = " (repeatable)" if repeatable else ""
     return f"| {_cell(names)} | {shown} | {_cell(help_text)}{required}{repeat} |"
 
 
+def _usage(name: str, command: Any) -> str:
+    ctx = typer.main.get_command(app).context_class(command, info_name=name)
+    return " ".join([name, *command.collect_usage_pieces(ctx)])
+
+
 def cli_markdown() -> str:
-    """The CLI reference: each command, its one-line help and its options."""
-    out = []
-    for name, command in commands():
-        out += [f"## `{name}`", "", " ".join((command.help or "").split()), ""]
+    """The CLI reference: a table of the commands, then each one's usage, help and options."""
+    found = commands()
+    out = ["| command | what it does |", "|---|---|"]
+    out += [f"| [`{name}`](#{anchor(name)}) | {_cell(_first_line(command))} |"
+            for name, command in found]
+    out.append("")
+    for name, command in found:
+        out += [f"## `{name}`", "", f"```\n{_usage(name, command)}\n```", "",
+                " ".join((command.help or "").split()), ""]
         params = [p for p in command.params if not getattr(p, "hidden", False)]
         if hasattr(command, "commands") and not params:
             out += ["Commands: " + ", ".join(f"`{name} {c}`" for c in sorted(command.commands)),
