@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,14 @@ import torch
 from sqlalchemy.exc import DataError, OperationalError
 
 from prudent.errors import ConfigError, StoreError, StoreUnavailable
-from prudent.store import SCHEMA_VERSION, Store, database_url, mask_url, schema_info
+from prudent.store import (
+    SCHEMA_VERSION,
+    Store,
+    StoreSettings,
+    database_url,
+    mask_url,
+    schema_info,
+)
 from prudent.store_writer import StoreWriter, to_floats
 from tests.postgres import PostgresServer
 
@@ -437,3 +445,46 @@ def test_a_nan_metric_reads_back_as_a_gap_on_every_database(store: Store, store_
     assert val_loss["values"] == [None]
     assert store.last_metrics("r1") == {"loss": 5.0, "val_loss": None}
     assert store.metric_series("r1", "loss")[3] == (3, None)
+
+
+def test_a_store_locked_by_another_process_is_said_after_5_s_once(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    import sqlite3
+    import threading
+
+    path = tmp_path / "prudent.db"
+    store = Store(f"sqlite:///{path}")
+    store.create_run("r1", "one")
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")  # an open sqlite3 shell's write transaction
+    release = threading.Timer(6.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        store.update_run("r1", status="completed")  # waits for the lock, then goes on
+    finally:
+        release.join()
+        holder.close()
+    err = capfd.readouterr().err
+    assert err.count("waiting for the run store") == 1, err
+    assert "another process holds its lock" in err
+    assert store.get_run("r1")["status"] == "completed"  # type: ignore[index]
+    store.update_run("r1", status="completed")  # no wait: nothing said
+    assert "waiting" not in capfd.readouterr().err
+    store.close()
+
+
+def test_a_corrupt_store_is_named_corrupt_with_the_way_out(tmp_path: Path) -> None:
+    path = tmp_path / "prudent.db"
+    path.write_bytes(b"this is not SQLite" * 400)
+    with pytest.raises(StoreError, match=r"is corrupt \(file is not a database\): move it aside "
+                                         rf"\(mv {re.escape(str(path))} .*\.corrupt\)"):
+        Store.open(StoreSettings(home=str(tmp_path)))
+
+
+def test_an_emptied_store_says_its_runs_are_gone(tmp_path: Path,
+                                                 capfd: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "prudent.db").write_bytes(b"")
+    Store.open(StoreSettings(home=str(tmp_path))).close()
+    assert "is empty (0 bytes): the runs it held are gone" in capfd.readouterr().err
+    Store.open(StoreSettings(home=str(tmp_path))).close()  # made anew: said once
+    assert "empty" not in capfd.readouterr().err

@@ -241,7 +241,15 @@ def _profile_of(events: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, li
 
 
 def _open_store(config: str | None) -> Store:
-    return Store.open(load_settings(config).store)
+    """The store for a command that only reads it: read-only (an archive on read-only media, a
+    store another process is writing), or made empty when there is none yet."""
+    from prudent.report.reader import open_readonly
+
+    settings = load_settings(config).store
+    try:
+        return open_readonly(settings)
+    except ConfigError:  # no store yet: an empty one, as the first run would make
+        return Store.open(settings)
 
 
 def _summary(store: Store, run: dict[str, Any]) -> dict[str, Any]:

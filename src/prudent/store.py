@@ -10,6 +10,7 @@ Passwords in URLs are masked wherever prudent shows or records a URL (:func:`mas
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
@@ -18,8 +19,10 @@ import operator
 import os
 import random
 import re
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -219,6 +222,57 @@ def describe_error(exc: BaseException) -> str:
     return mask_url(text[0] if text else type(exc).__name__)
 
 
+class _SlowCalls:
+    """Says once when a store call has waited ``SLOW_S`` (a lock another process holds, a
+    server that does not answer), so that a wait is never silent; again for the next wait.
+    Its thread lives only while a call is in progress."""
+
+    SLOW_S = 5.0
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._calls: dict[object, tuple[float, str]] = {}
+        self._said: set[str] = set()
+        self._watching = False
+
+    @contextlib.contextmanager
+    def timing(self, url: str) -> Iterator[None]:
+        key = object()
+        with self._changed:
+            self._calls[key] = (time.monotonic(), url)
+            if not self._watching:
+                self._watching = True
+                threading.Thread(target=self._watch, daemon=True, name="prudent-store-wait").start()
+        try:
+            yield
+        finally:
+            with self._changed:
+                del self._calls[key]
+                if not any(u == url for _, u in self._calls.values()):
+                    self._said.discard(url)
+                self._changed.notify()
+
+    def _watch(self) -> None:
+        while True:
+            with self._changed:
+                if not self._calls:
+                    self._watching = False
+                    return
+                self._changed.wait(0.5)
+                now = time.monotonic()
+                slow = {url for started, url in self._calls.values()
+                        if now - started >= self.SLOW_S} - self._said
+                self._said |= slow
+            for url in sorted(slow):
+                print(f"prudent: waiting for the run store {url} for {self.SLOW_S:.0f} s now: "
+                      "another process holds its lock (a sqlite3 shell, a backup, a long "
+                      "write) or its server does not answer; training goes on where it can",
+                      file=sys.stderr, flush=True)
+
+
+_SLOW = _SlowCalls()
+
+
 class Store:
     """Typed access to the run store. Thread-safe; short transactions only."""
 
@@ -230,7 +284,8 @@ class Store:
         # for a restart or a failover, so the end of a run is still recorded.
         self.unreachable_wait_s = 0.0 if self.engine.dialect.name == "sqlite" else 30.0
         try:
-            _retry(self._migrate)
+            with _SLOW.timing(self.url):
+                _retry(self._migrate)
         except (DBAPIError, OSError) as exc:
             self.engine.dispose()
             raise StoreError(self._unreachable(exc)) from None
@@ -239,15 +294,27 @@ class Store:
             raise
 
     def _unreachable(self, exc: BaseException) -> str:
+        reason = describe_error(exc)
+        if self.engine.dialect.name == "sqlite" and any(
+                sign in reason for sign in ("not a database", "malformed", "corrupt")):
+            path = self.engine.url.database
+            return (f"the run store {self.url} is corrupt ({reason}): move it aside (mv {path} "
+                    f"{path}.corrupt) and run again; each run's record beside its checkpoints "
+                    "is imported into the new store when that run starts again")
         fix = ("check that the server is up and reachable from this machine, or point "
                "store.url / PRUDENT_STORE_URL elsewhere" if self.engine.dialect.name != "sqlite"
                else "check that the folder exists and is writable (store.home / PRUDENT_HOME)")
-        return f"cannot open the run store {self.url}: {describe_error(exc)}; {fix}"
+        return f"cannot open the run store {self.url}: {reason}; {fix}"
 
     @classmethod
     def open(cls, settings: StoreSettings) -> Store:
         if settings.url is None:
             os.makedirs(settings.home, exist_ok=True)
+            path = Path(settings.home) / "prudent.db"
+            if path.is_file() and path.stat().st_size == 0:  # SQLite would take it as new
+                print(f"prudent: warning: the run store {path} is empty (0 bytes): the runs it "
+                      "held are gone from it; each run's record beside its checkpoints is "
+                      "imported again when that run starts again", file=sys.stderr, flush=True)
         return cls(settings.database_url())
 
     @staticmethod
@@ -443,7 +510,8 @@ class Store:
 
     def _retry(self, fn: Callable[[], T]) -> T:
         try:
-            return _retry(fn, wait_s=self.unreachable_wait_s)
+            with _SLOW.timing(self.url):
+                return _retry(fn, wait_s=self.unreachable_wait_s)
         except (OperationalError, InterfaceError) as exc:  # the rest: refused for what it held
             raise StoreUnavailable(f"cannot use the run store {self.url}: "
                                    f"{describe_error(exc)}") from exc

@@ -10,35 +10,15 @@ import errno
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from prudent.store import Store
 from tests.e2e.conftest import Project, script
+from tests.faults.conftest import mounted_tmpfs
 
 STEPS = 300
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Project:
-    return Project(tmp_path)
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 3 MB tmpfs (root only: CI runs as root)."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def fill(disk: Path) -> Path:
@@ -62,7 +42,8 @@ def wait_for(process: subprocess.Popen[str], line: str) -> None:
 
 @pytest.mark.slow
 def test_a_full_disk_under_the_store_changes_nothing_of_how_the_run_ends(
-        project: Project, small_disk: Path) -> None:
+        project: Project, tmp_path: Path) -> None:
+    small_disk = mounted_tmpfs(tmp_path / "disk", "3m")
     project.env.update({"PRUDENT_HOME": str(small_disk / "home"), "PRUDENT_CONSOLE": "off",
                         "PRUDENT_CHECKPOINT_URL": str(project.path / "checkpoints")})
     command = [sys.executable, "-m", "prudent", "run", "--run-id", "full", "--", sys.executable,

@@ -10,6 +10,7 @@ checked, never migrated.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,11 @@ def _readonly_engine(url: str) -> sa.Engine:
         return sa.create_engine(url, pool_pre_ping=True, connect_args={
             "connect_timeout": 10, "options": "-c default_transaction_read_only=on"})
     path = Path(parsed.database or "").resolve()
-    engine = sa.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true",
+    # a store on read-only media (an archive, a read-only mount): SQLite cannot make the
+    # shared-memory file of its write-ahead log there; nothing can change it either, so it is
+    # opened as immutable
+    mode = "mode=ro" if os.access(path.parent, os.W_OK) else "mode=ro&immutable=1"
+    engine = sa.create_engine(f"sqlite:///file:{path}?{mode}&uri=true",
                               connect_args={"timeout": 30, "check_same_thread": False})
 
     @sa.event.listens_for(engine, "connect")
