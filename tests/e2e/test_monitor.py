@@ -65,6 +65,8 @@ FAST = [
              also=("loss_spike",)),
     Scenario("hang", "stalled", supervised=True, settings=HANG),
     Scenario("spike_skip", "loss_spike", action="skip"),
+    # three bad batches in a row: each update skipped, their gradient norms no explosion
+    Scenario("burst_skip", "loss_spike", action="skip"),
     Scenario("healthy_noisy", None),
     Scenario("healthy_spikes", None),
 ]
@@ -175,6 +177,7 @@ def check_repaired(outcome: Outcome) -> None:
     name = "skipped_update" if outcome.scenario.action == "skip" else "rollback"
     repairs = [e for e in outcome.events if e["name"] == name]
     assert repairs and all(e["step"] >= onset for e in repairs), outcome.events  # type: ignore[operator]
+    assert [e for e in outcome.events if e["kind"] == "rule" and e["name"] != "loss_spike"] == []
     if name == "rollback":
         assert repairs[0]["payload"]["checkpoint_step"] < onset  # type: ignore[operator]
         assert outcome.run["step"] == planned - repairs[0]["payload"]["skip_batches"]

@@ -175,6 +175,27 @@ def test_exploding_gradient_baseline_is_the_median_of_its_last_window_of_norms()
     assert _median([1.0, 2.0, 3.0, 4.0]) == 2.5
 
 
+def test_steps_whose_updates_were_skipped_are_no_evidence_of_an_explosion() -> None:
+    """Repair before stop: three outlier batches whose updates loss_spike skipped have huge
+    gradient norms; they never reached the weights. The same norms on steps that were
+    updated are an explosion, and so is one that persists after the skipped steps."""
+    def first_firing(repaired: frozenset[int], bad: range) -> int | None:
+        rule_ = make("exploding_gradient", warmup_steps=0)
+        for start in range(1, 400, 10):
+            steps = list(range(start, start + 10))
+            found = rule_.check(Window(
+                steps=steps, loss=[1.0] * 10, grad_norm=[80.0 if s in bad else 0.5 for s in steps],
+                repaired=repaired & frozenset(steps)))
+            if found is not None:
+                return found.step
+        return None
+
+    burst = range(300, 303)
+    assert first_firing(frozenset(burst), burst) is None
+    assert first_firing(frozenset(), burst) == 301  # the same steps, updated: 2 in a row
+    assert first_firing(frozenset(burst), range(300, 306)) == 304  # persisted after the repair
+
+
 def test_a_gradient_norm_that_grows_while_the_loss_reaches_new_lows_is_not_an_explosion() -> None:
     def first_firing(loss_of: object) -> int | None:
         rule_ = make("exploding_gradient", warmup_steps=0)

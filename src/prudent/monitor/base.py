@@ -151,6 +151,10 @@ class Window:
     # where the run's loss started: the median of its first START_STEPS finite losses (the
     # first steps of the run, not of a rule's judging: a fast learner has learned by then)
     start_loss: float | None = None
+    # steps whose optimizer update was skipped (loss_spike's repair of an outlier batch): what
+    # they measured never reached the weights, so it is no evidence for a rule that judges
+    # what the updates do to the model (``Rule.judges_updates``)
+    repaired: frozenset[int] = frozenset()
     _finite: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
                                                     compare=False)
     _measured: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
@@ -242,6 +246,9 @@ class Rule:
     * Its state is plain data listed in ``state_fields`` (numbers, lists, dicts, deques of
       numbers), so ``state_dict()`` survives ``torch.load(weights_only=True)`` and a resumed
       run carries on exactly as the original would have.
+    * Repair before stop: a rule with ``judges_updates`` (what the updates do to the model:
+      an exploding gradient, a diverging loss) ignores the window's ``repaired`` steps, whose
+      updates were skipped; if the condition persists on the steps after them, it fires.
     * ``needs`` names the parts of the window it reads (``steps``, ``layers``,
       ``activations``, ``memory``, ``evals``); the monitor does not call it for a window where
       they are all empty. The default, all of them, is always right, just slower.
@@ -256,6 +263,7 @@ class Rule:
     Settings: ClassVar[type[RuleSettings]] = RuleSettings
     state_fields: ClassVar[tuple[str, ...]] = ()
     needs: ClassVar[frozenset[str]] = frozenset(_PARTS)
+    judges_updates: ClassVar[bool] = False
     check_grid = 0  # set by the monitor (0: no grid, every check counts: the rule's own tests)
 
     def __init__(self, settings: RuleSettings | None = None) -> None:

@@ -14,6 +14,7 @@ evaluation is kept as a checkpoint, put back when it stops the run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 import os
@@ -82,6 +83,7 @@ class Monitor(Component):
         self._fitted_for: int | None = None  # the planned length the rules were sized to
         self._said_blind: set[str] = set()
         self._skipped: list[Any] = []  # optimizers whose next step is a no-op
+        self._repaired: list[int] = []  # steps whose update was skipped, not yet checked
         self.best_checkpoint: str | None = None  # early stopping's best evaluation
         # the metrics judged at the newest evaluation's step: a run resumed from a checkpoint
         # taken inside run.log (early stopping's keep) logs that evaluation again, and judging
@@ -246,6 +248,7 @@ class Monitor(Component):
         skipper = self._skipper
         if skipper is not None and skipper.skips(step, value):  # type: ignore[attr-defined]
             self._skip_next_update()
+            self._repaired.append(step)
             run.wake(self)  # its end puts the optimizers' step back
             run.record_event(EventKind.MONITOR, "skipped_update",
                              skipper.describe_skip(step, value),  # type: ignore[attr-defined]
@@ -361,7 +364,10 @@ class Monitor(Component):
         window.start_loss = self._start_loss(window)
         if logged is not None and self._new_evaluation(run.state.step, logged):
             window.evals.append(EvalSample(run.state.step, dict(logged), self._mean_train_loss()))
-        firings = [Firing(name, finding, run.state.step)
+        if self._repaired:  # repair before stop: what the skipped updates measured is no
+            window.repaired = frozenset(self._repaired)  # evidence for the rules after it
+            self._repaired = [s for s in self._repaired if s > run.state.step]
+        firings = [Firing(name, self._after_repair(name, finding, window), run.state.step)
                    for name, finding in self._findings(run, window)]
         self._keep_best(run)
         rollback = self.actions.get("rollback")
@@ -378,6 +384,17 @@ class Monitor(Component):
             self._rolled_back()
         self._ask_verdicts(run, window)
         return firings
+
+    def _after_repair(self, name: str, finding: Finding, window: Window) -> Finding:
+        """A rule that judges the updates fired although some were skipped: say so (the
+        repair did not hold), naming the skipped steps."""
+        if not window.repaired or not getattr(self.rules.get(name), "judges_updates", False):
+            return finding
+        steps = sorted(window.repaired)
+        plural = "s" * (len(steps) > 1)
+        return dataclasses.replace(finding, message=(
+            f"{finding.message}; it persisted after loss_spike skipped the update{plural} of "
+            f"step{plural} {', '.join(map(str, steps))}"))
 
     def _rolled_back(self) -> None:
         """Rules that smooth the loss forget the steps a rollback took back; loss_spike's

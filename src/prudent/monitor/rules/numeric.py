@@ -104,6 +104,7 @@ class ExplodingGradientRule(Rule):
 
     name = "exploding_gradient"
     needs = frozenset({"steps"})
+    judges_updates = True
     Settings = ExplodingGradientSettings
     settings: ExplodingGradientSettings
     state_fields = ("history", "above", "loss_low")
@@ -129,8 +130,9 @@ class ExplodingGradientRule(Rule):
             mean = sum(v for _, v in losses) / len(losses)
             self._improving = self.loss_low is not None and mean < self.loss_low
             self.loss_low = mean if self.loss_low is None else min(self.loss_low, mean)
+        repaired = window.repaired
         for step, norm in window.grad_norms():
-            if not math.isfinite(norm):
+            if not math.isfinite(norm) or step in repaired:  # its update was skipped
                 continue
             finding = self._judge(step, norm, baseline)
             if finding is not None:

@@ -221,6 +221,7 @@ class DivergenceRule(Rule):
 
     name = "divergence"
     needs = frozenset({"steps"})
+    judges_updates = True
     Settings = DivergenceSettings
     settings: DivergenceSettings
     state_fields = ("recent", "start", "best", "best_step", "best_noise", "lr_peak",
@@ -246,6 +247,8 @@ class DivergenceRule(Rule):
 
     def check(self, window: Window) -> Finding | None:
         finite_losses = window.finite_losses()
+        if window.repaired:  # outlier batches whose updates were skipped: no trend of the run
+            finite_losses = [(s, v) for s, v in finite_losses if s not in window.repaired]
         if not finite_losses:
             return None
         self.recent.extend(map(_second, finite_losses))

@@ -1,0 +1,25 @@
+"""Repairable: three batches in a row arrive with their inputs 50x too large (a bad shard of
+the data); each of their updates would wreck the weights -> loss_spike skips them, and the
+gradient norms of those skipped steps are not taken for an explosion."""
+
+import torch
+from _monitor_task import HEALTHY, blobs, loaders, mlp, train
+
+import prudent
+
+run = prudent.init(name="monitor-burst-skip", config={"lr": 0.05, "epochs": 6})
+x, y = blobs(n=3584 + 512)
+train_loader, val_loader = loaders(x, y)
+ONSET, BURST = 300, 3
+
+
+def spoil(step, batch):
+    x, y = batch
+    return (x * 50, y) if ONSET <= step < ONSET + BURST and not HEALTHY else (x, y)
+
+
+model = mlp()
+opt = torch.optim.SGD(model.parameters(), lr=run.config["lr"], momentum=0.9)
+sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, run.config["epochs"] * len(train_loader))
+train(run, model, opt, train_loader, run.config["epochs"], val_loader=val_loader, sched=sched,
+      sched_per_step=True, before_step=spoil, onset=ONSET)
