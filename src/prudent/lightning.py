@@ -335,7 +335,7 @@ class _CtrlC:
 
 def resumable(loader: Any) -> ResumableLoader:
     """The training loader, resumable mid-epoch batch for batch: with a plain ``DataLoader``
-    Lightning restarts an interrupted epoch in a new order (see the README)::
+    Lightning restarts an interrupted epoch in a new order (see docs/lightning.md)::
 
         trainer.fit(model, prudent.lightning.resumable(train_loader), val_loader, ckpt_path=...)
     """

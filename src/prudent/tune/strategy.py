@@ -26,7 +26,7 @@ DEFAULT_SAMPLER = "tpe"
 # bracket (4 brackets for 27 epochs, 5 for 81) and models a fraction of the study; ASHA keeps one
 # pool, so TPE learns from every trial, pruned ones included, and it is asynchronous by design
 # (parallel workers never wait for a rung to fill). Chosen before the reported benchmark run, on
-# development seeds of its synthetic tier only; benchmarks/tuning.py and the README give the
+# development seeds of its synthetic tier only; benchmarks/tuning.py and docs/benchmarks.md give the
 # numbers, losses included.
 DEFAULT_PRUNER = "asha"
 
