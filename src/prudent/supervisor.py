@@ -85,7 +85,7 @@ class Supervisor:
         """Launch, wait, record, relaunch while allowed; returns the CLI's exit code."""
         store = Store.open(self.settings.store)
         try:
-            done = store.get_run(self.run_id)
+            done = store.get_run(self.run_id) or self._completed_elsewhere()
             if done is not None and done["status"] == "completed":
                 # a finished run stays finished: resumed, it would train its last steps
                 # again (twice the rows, a restart counted, the duration inflated)
@@ -99,6 +99,25 @@ class Supervisor:
             store.close()
             if not os.environ.get(ENV_LAUNCHER_ERROR_FILE):
                 Path(self._error_file).unlink(missing_ok=True)
+
+    def _completed_elsewhere(self) -> dict[str, Any] | None:
+        """The run as its record beside shared checkpoints tells it, when it completed on
+        another machine (a new VM, a fresh home): this store never heard of it. None when
+        the checkpoints are local (this store knows its runs) or the record says nothing."""
+        checkpoint = self.settings.checkpoint
+        if not checkpoint.url:
+            return None
+        from prudent.checkpoint.storage import open_storage
+        from prudent.record.importer import read_record
+
+        try:
+            record = read_record(open_storage(checkpoint.location(self.run_id, "")), self.run_id)
+        except Exception:  # noqa: BLE001 - the training process reads it again, and says why
+            return None
+        ends = [a for a in (record.attempts.values() if record else ()) if a.status == "completed"]
+        if not ends:
+            return None
+        return {"status": "completed", "step": max(a.step for a in ends)}
 
     def _supervise(self, registered_in: Store) -> int:
         created = self._register(registered_in)

@@ -109,6 +109,28 @@ def test_a_completed_run_id_started_again_trains_nothing_and_writes_nothing(
     assert _rows(project, "again") == rows  # not one metric row or event more
 
 
+def test_a_run_completed_on_another_machine_is_not_trained_again(tmp_path, project: Project
+                                                                 ) -> None:
+    """A fresh home on a new machine, the checkpoints (and the run's record) in a shared
+    location: the record says the run completed, so nothing is trained."""
+    shared = tmp_path / "bucket"
+    project.env["PRUDENT_CHECKPOINT_URL"] = str(shared)
+    command = ["run", "--run-id", "done", "--set", "epochs=1", "--", sys.executable,
+               script("design_api.py")]
+    first = project.prudent(*command)
+    assert first.returncode == 0, first.stderr
+    step = project.show("done")["step"]
+    new_machine = Project(tmp_path / "new-machine")
+    new_machine.path.mkdir()
+    new_machine.env["PRUDENT_CHECKPOINT_URL"] = str(shared)
+    checkpoints = sorted(p.name for p in shared.iterdir())
+    again = new_machine.prudent(*command)
+    assert again.returncode == 0, again.stderr
+    assert f"already completed at step {step}; nothing trained" in again.stderr
+    assert sorted(p.name for p in shared.iterdir()) == checkpoints  # no checkpoint more
+    assert not (new_machine.path / ".prudent" / "runs" / "done").exists()  # nothing ran
+
+
 def _rows(project: Project, run_id: str) -> tuple[int, int]:
     """The run's events and metric rows in the project's store."""
     store = Store(f"sqlite:///{project.path / '.prudent' / 'prudent.db'}")
