@@ -203,6 +203,23 @@ def test_usage_line_names_arguments_the_same_way(path):
 
 
 @pytest.mark.parametrize("path", COMMANDS)
+def test_every_option_that_takes_a_value_names_it(path):
+    """One vocabulary of metavars (N, FILE, USD, SECONDS, CLOUD:INSTANCE, ...), never the
+    option's own name shouted back (`--price-per-hour PRICE_PER_HOUR`)."""
+    import typer.main
+
+    from prudent.cli import app
+
+    command = typer.main.get_command(app)
+    for name in path:
+        command = command.commands[name]
+    unnamed = [param.opts[0] for param in command.params
+               if param.param_type_name == "option" and not getattr(param, "is_flag", False)
+               and param.metavar is None]
+    assert unnamed == [], unnamed
+
+
+@pytest.mark.parametrize("path", COMMANDS)
 def test_help_names_no_source_file(path):
     """`tune --help` once said "default: tune/strategy.py's, now tpe": a user cannot know it."""
     shown = _help(*path)

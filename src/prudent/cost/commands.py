@@ -23,7 +23,7 @@ __all__ = ["bill", "breakdown", "catalog", "catalog_app", "catalog_import", "che
            "cost_settings", "policy_app", "stale_prices"]
 
 policy_app = typer.Typer(no_args_is_help=True, help="Check jobs against the cost policy.")
-_ConfigOption = typer.Option(None, "--config", "-c", help="Settings file (default ./prudent.yaml).")
+_ConfigOption = typer.Option(None, "--config", "-c", metavar="FILE", help="Settings file (default ./prudent.yaml).")
 
 
 # prudent run -------------------------------------------------------------------------------
@@ -68,10 +68,10 @@ catalog_app = typer.Typer(help="The price catalog: list it, or import SkyPilot's
 @catalog_app.callback(invoke_without_command=True)
 def catalog(
     ctx: typer.Context,
-    cloud: str | None = typer.Option(None, "--cloud", help="Only one cloud: aws, gcp, azure, "
+    cloud: str | None = typer.Option(None, "--cloud", metavar="CLOUD", help="Only one cloud: aws, gcp, azure, "
                                         "lambda, nebius, runpod, or one of your own."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    catalog_file: str | None = typer.Option(None, "--catalog-file", help="Your own price "
+    catalog_file: str | None = typer.Option(None, "--catalog-file", metavar="FILE", help="Your own price "
                                                "CSV (default: cost.catalog_file)."),
     config: str | None = _ConfigOption,
 ) -> None:
@@ -118,13 +118,13 @@ def _print_catalog(rows: list[Any], stale_after_days: int) -> None:
 def catalog_import(
     file: Path = typer.Argument(..., help="A SkyPilot vms.csv, e.g. "
                                 "~/.sky/catalogs/v7/aws/vms.csv."),
-    cloud: str | None = typer.Option(None, "--cloud", help="Whose prices these are (default: "
+    cloud: str | None = typer.Option(None, "--cloud", metavar="CLOUD", help="Whose prices these are (default: "
                                         "the folder name, as SkyPilot lays them out)."),
-    region: str | None = typer.Option(None, "--region", help="The region to price (default: "
+    region: str | None = typer.Option(None, "--region", metavar="REGION", help="The region to price (default: "
                                          "cost.regions, else the cloud's reference region)."),
-    to: str | None = typer.Option(None, "--to", help="The catalog file to write (default: "
+    to: str | None = typer.Option(None, "--to", metavar="FILE", help="The catalog file to write (default: "
                                      "cost.catalog_file, else prudent-prices.csv)."),
-    as_of: str | None = typer.Option(None, "--as-of", help="The prices' date, YYYY-MM-DD "
+    as_of: str | None = typer.Option(None, "--as-of", metavar="YYYY-MM-DD", help="The prices' date, YYYY-MM-DD "
                                         "(default: the file's modification date)."),
     config: str | None = _ConfigOption,
 ) -> None:
@@ -178,16 +178,17 @@ def _existing_rows(target: Path) -> list[Any]:
 # prudent policy check ----------------------------------------------------------------------
 @policy_app.command("check")
 def policy_check(
-    instance: str = typer.Option(..., "--instance", help="cloud:instance, e.g. aws:g5.xlarge."),
-    hours: str = typer.Option(..., "--hours", help="How long the job would run: 12 or '90min'."),
+    instance: str = typer.Option(..., "--instance", metavar="CLOUD:INSTANCE",
+                                 help="cloud:instance, e.g. aws:g5.xlarge."),
+    hours: str = typer.Option(..., "--hours", metavar="DURATION", help="How long the job would run: 12 or '90min'."),
     spot: bool = typer.Option(False, "--spot", help="On spot instances."),
-    gpus: int | None = typer.Option(None, "--gpus", help="GPUs in all (default: the "
+    gpus: int | None = typer.Option(None, "--gpus", metavar="N", help="GPUs in all (default: the "
                                        "instance's x nodes)."),
-    nodes: int = typer.Option(1, "--nodes", help="Machines in the job."),
-    kind: str = typer.Option("run", "--kind", help="run or tune (for require_spot)."),
-    parallel: int = typer.Option(1, "--parallel", help="Trials at once (a tuning study)."),
-    budget_usd: str | None = typer.Option(None, "--budget-usd", help="The job's budget."),
-    policy: str | None = typer.Option(None, "--policy", help="Policy file (default: the "
+    nodes: int = typer.Option(1, "--nodes", metavar="N", help="Machines in the job."),
+    kind: str = typer.Option("run", "--kind", metavar="run|tune", help="run or tune (for require_spot)."),
+    parallel: int = typer.Option(1, "--parallel", metavar="N", help="Trials at once (a tuning study)."),
+    budget_usd: str | None = typer.Option(None, "--budget-usd", metavar="USD", help="The job's budget."),
+    policy: str | None = typer.Option(None, "--policy", metavar="FILE", help="Policy file (default: the "
                                          "policy: section of prudent.yaml)."),
     config: str | None = _ConfigOption,
 ) -> None:
@@ -221,9 +222,9 @@ def policy_check(
 
 # prudent cost ------------------------------------------------------------------------------
 def bill(
-    since: str | None = typer.Option(None, "--since", help="'7d', '12h' or a UTC date "
+    since: str | None = typer.Option(None, "--since", metavar="WHEN", help="'7d', '12h' or a UTC date "
                                         "2026-12-01 (default: everything)."),
-    by: str = typer.Option("run", "--by", help="Group by run, name, day or instance."),
+    by: str = typer.Option("run", "--by", metavar="run|name|day|instance", help="Group by run, name, day or instance."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     config: str | None = _ConfigOption,
 ) -> None:

@@ -35,12 +35,12 @@ def replay(
                                  "(.prudent/runs/<run>/captures/step-<N>), or a run id with "
                                  "--step."),
     command: list[str] | None = typer.Argument(None, help="The training command, after --."),
-    step: int | None = typer.Option(None, "--step", help="Without a bundle: resume RUN from "
+    step: int | None = typer.Option(None, "--step", metavar="STEP", help="Without a bundle: resume RUN from "
                                        "its newest checkpoint before this step and run to it "
                                        "in debug mode."),
     use_pdb: bool = typer.Option(False, "--pdb", help="Stop in the debugger at the failure."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    config: str | None = typer.Option(None, "--config", "-c",
+    config: str | None = typer.Option(None, "--config", "-c", metavar="FILE",
                                          help="Settings file (default ./prudent.yaml)."),
 ) -> None:
     """Reproduce a captured failing step on this machine, in your unchanged script."""

@@ -10,26 +10,26 @@ __all__ = ["preflight"]
 def preflight(
     context: typer.Context,
     command: list[str] | None = typer.Argument(None, help="The training command, after --."),
-    steps: int = typer.Option(8, "--steps", help="Batches per epoch in the smoke run (two "
+    steps: int = typer.Option(8, "--steps", metavar="N", help="Batches per epoch in the smoke run (two "
                               "epochs run); the first epoch's data is also read in full. A "
                               "run.steps(n) loop runs twice this many iterations."),
-    instance: str | None = typer.Option(None, "--instance", help="Target machine as "
+    instance: str | None = typer.Option(None, "--instance", metavar="CLOUD:INSTANCE", help="Target machine as "
                                            "cloud:instance (see `prudent catalog`), for the "
                                            "projected cost."),
     spot: bool = typer.Option(False, "--spot", help="Project with the instance's spot price."),
-    price_per_hour: float | None = typer.Option(None, "--price-per-hour", help="Your own "
+    price_per_hour: float | None = typer.Option(None, "--price-per-hour", metavar="USD", help="Your own "
                                                    "price in USD per hour (wins over the "
                                                    "catalog)."),
-    speedup: float | None = typer.Option(None, "--speedup", help="How many times faster than "
+    speedup: float | None = typer.Option(None, "--speedup", metavar="X", help="How many times faster than "
                                             "this machine the target runs a step (default: none "
                                             "applied, and said so)."),
-    device: str = typer.Option("cpu", "--device", help="Where the smoke runs train: cpu, or "
+    device: str = typer.Option("cpu", "--device", metavar="cpu|cuda", help="Where the smoke runs train: cpu, or "
                                "cuda on the target machine for a measured step time."),
-    timeout_s: float = typer.Option(300.0, "--timeout", help="Seconds each process may take."),
+    timeout_s: float = typer.Option(300.0, "--timeout", metavar="SECONDS", help="Seconds each process may take."),
     as_json: bool = typer.Option(False, "--json", help="Print the checklist as JSON."),
-    keep: str | None = typer.Option(None, "--keep", help="Keep the smoke runs' files "
+    keep: str | None = typer.Option(None, "--keep", metavar="DIR", help="Keep the smoke runs' files "
                                        "(logs, checkpoints, probe records) in this folder."),
-    config: str | None = typer.Option(None, "--config", "-c", help="Settings file (for "
+    config: str | None = typer.Option(None, "--config", "-c", metavar="FILE", help="Settings file (for "
                                          "cost.catalog_file)."),
 ) -> None:
     """Run the script on CPU on a few batches and check what would fail hours into a cloud run."""
