@@ -137,9 +137,17 @@ class Run:
 
     # the user's verbs ---------------------------------------------------------------------
     def attach(self, **objects: Any) -> Run:
-        """Objects saved in checkpoints under their keyword (and restored now when resuming)."""
+        """Objects saved in checkpoints under their keyword (and restored now when resuming).
+        A TensorBoard ``SummaryWriter`` is not saved: prudent's metrics, events and end go
+        into it too, beside the script's own scalars."""
         import torch
 
+        from prudent.tracking.tensorboard import is_summary_writer
+
+        writers = [obj for obj in objects.values() if is_summary_writer(obj)]
+        if writers:
+            objects = {k: obj for k, obj in objects.items() if not is_summary_writer(obj)}
+            self._take_writers(writers)
         for key, obj in objects.items():
             self.context.objects[key] = obj
             if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled():
@@ -156,6 +164,15 @@ class Run:
 
             restore_rng(ctx.resume_rng)
         return self
+
+    def _take_writers(self, writers: list[Any]) -> None:
+        from prudent.tracking.component import TrackingComponent
+
+        ctx = self.context
+        for component in ctx.components:  # rank 0's (the other ranks write to no tracker)
+            if isinstance(component, TrackingComponent):
+                for writer in writers:
+                    component.take_writer(ctx, writer)
 
     def carry(self, value: T, name: str = "batch") -> T:
         """A value the loop keeps across ``run.step()``, travelling in the checkpoint (each

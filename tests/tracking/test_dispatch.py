@@ -150,7 +150,10 @@ def test_a_configured_tracker_that_is_not_installed_names_the_extra() -> None:
         require("prudent_no_such_module", "nosuch")
 
 
-def test_no_tracker_configured_adds_no_component() -> None:
-    assert TrackingComponent.build(TrackingSettings()) is None
-    assert TrackingComponent.build(TrackingSettings.model_validate(
-        {"tensorboard": {"enabled": False}})) is None
+def test_no_tracker_configured_or_started_costs_no_thread(home: Path) -> None:
+    run = prudent.init(name="plain", settings=make_settings(home), exit_on_stop=False)
+    (component,) = [c for c in run.context.components if isinstance(c, TrackingComponent)]
+    assert component.dispatcher is None
+    assert "prudent-tracking" not in [t.name for t in threading.enumerate()]
+    with run:
+        run.step()

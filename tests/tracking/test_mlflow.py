@@ -79,3 +79,30 @@ def test_a_relaunch_continues_the_same_mlflow_run_even_on_a_new_machine(
     history = MlflowClient(mlflow_server).get_metric_history(first_id, "loss")
     assert sorted(m.value for m in history) == [0.0, 1.0, 2.0, 3.0, 4.0, 100.0, 101.0, 102.0,
                                                 103.0, 104.0]
+
+
+def test_an_mlflow_run_the_script_started_gets_prudents_rows_and_the_script_ends_it(
+        home: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `tracking:` settings: the MLflow run the script started before prudent.init gets
+    prudent's metrics and end (tagged with prudent's run id); the script ends that run."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # put back after the test
+    mlflow.set_tracking_uri(mlflow_server)
+    client = MlflowClient(mlflow_server)
+    with mlflow.start_run(run_name="mine") as active:
+        mlflow.log_param("optimizer", "sgd")
+        run = prudent.init(name="mlf-own", settings=make_settings(
+            home, checkpoint={"enabled": False}), exit_on_stop=False)
+        with run:
+            for step in run.steps(6):
+                run.step(loss=float(step))
+        mine = active.info.run_id
+        assert client.get_run(mine).info.status == "RUNNING"  # prudent left it open
+    found = client.get_run(mine)
+    assert found.info.status == "FINISHED"  # ended by the script's `with`
+    assert [m.step for m in client.get_metric_history(mine, "loss")] == list(range(1, 7))
+    assert found.data.tags["prudent.run_id"] == run.context.id
+    assert found.data.tags["prudent.status"] == "completed"
+    assert found.data.params == {"optimizer": "sgd"}  # prudent's config was empty

@@ -105,3 +105,38 @@ def test_first_attempt_does_not_purge_and_events_before_metrics_are_kept(tmp_pat
     assert [s.step for s in board.Scalars("loss")] == [5, 6, 7]
     assert texts(board, "prudent/events") == [(0, "[cost/price] $0")]
     assert texts(board, "prudent/config")[0][0] == 0
+
+
+def test_a_summary_writer_given_to_attach_gets_prudents_rows_beside_the_scripts(
+        home: Path) -> None:
+    """No `tracking:` settings: the script's own SummaryWriter, passed to run.attach, gets
+    prudent's metrics and events beside the script's own scalars; it is not checkpointed, and
+    the script closes it."""
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    logdir = home.parent / "mine"
+    writer = SummaryWriter(str(logdir))
+    run = prudent.init(name="tb-own", settings=make_settings(home), exit_on_stop=False)
+    weight = torch.zeros(1, requires_grad=True)
+    run.attach(weight=weight, tb=writer)
+    assert list(run.context.objects) == ["weight"]  # the writer is no state to save
+    with run:
+        for _ in run.epochs(1):
+            for _ in run.batches(range(8)):
+                loss = (weight - 1).pow(2).sum()
+                run.backward(loss)
+                with torch.no_grad():
+                    weight -= 0.1 * weight.grad
+                    weight.grad = None
+                run.step(loss=loss)
+                writer.add_scalar("mine/loss", loss.item(), run.state.step)
+    writer.add_scalar("mine/after", 1.0, 9)  # still the script's to use, and to close
+    writer.close()
+    board = read(logdir)
+    assert [s.step for s in board.Scalars("loss")] == list(range(1, 9))
+    assert [s.step for s in board.Scalars("mine/loss")] == list(range(1, 9))
+    assert board.Scalars("mine/after")[0].step == 9
+    events = [text for _, text in texts(board, "prudent/events")]
+    assert any(text.startswith("[lifecycle/end] completed") for text in events), events
+    assert texts(board, "prudent/config") and "completed" in texts(board, "prudent/summary")[0][1]

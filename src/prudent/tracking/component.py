@@ -32,28 +32,66 @@ class TrackingComponent(Component):
         self.settings = settings
         self.sinks = sinks
         self.dispatcher: TrackingDispatcher | None = None
+        self._info: RunInfo | None = None
 
     @classmethod
-    def build(cls, settings: TrackingSettings) -> TrackingComponent | None:
-        """None when no tracker is configured: the run pays nothing for this habit."""
-        return cls(settings) if any_tracker(settings) else None
+    def build(cls, settings: TrackingSettings) -> TrackingComponent:
+        """Always plugged in: with no tracker configured it only looks for one the script
+        started (an active MLflow run at the start, a ``SummaryWriter`` given to
+        ``run.attach``), and a run with neither pays for no thread."""
+        return cls(settings)
 
     def on_start(self, ctx: RunContext) -> None:
-        info = RunInfo(run_id=ctx.id, name=ctx.name, run_dir=ctx.run_dir)
+        info = self._info = RunInfo(run_id=ctx.id, name=ctx.name, run_dir=ctx.run_dir)
         sinks = self.sinks if self.sinks is not None else build_sinks(self.settings, info)
+        if self.sinks is None and not (self.settings.mlflow and self.settings.mlflow.enabled):
+            sinks += picked_up_sinks(info)
+        if sinks:
+            self._start(ctx, sinks)
+
+    def _start(self, ctx: RunContext, sinks: list[TrackerSink]) -> None:
         settings = self.settings
         self.dispatcher = TrackingDispatcher(sinks, settings.flush_interval_s,
                                              settings.max_buffered_rows, settings.close_timeout_s)
         ctx.writer.add_listener(self.dispatcher)
-        config = ctx.config
-        untracked = getattr(config, "untracked", None)  # reading it is not the script's read
-        self.dispatcher.put("config", untracked() if untracked is not None else dict(config))
+        self.dispatcher.put("config", _config_of(ctx))
+
+    def take_writer(self, ctx: RunContext, writer: Any) -> None:
+        """A ``SummaryWriter`` the script passed to ``run.attach``: prudent's rows go into it
+        too (from now on; the run's config first)."""
+        from prudent.tracking.tensorboard import TensorBoardSink
+
+        sink = TensorBoardSink.around(writer, self._info)
+        if self.dispatcher is None:
+            self._start(ctx, [sink])
+        else:
+            self.dispatcher.add_sink(sink, [("config", _config_of(ctx))])
 
     def on_end(self, ctx: RunContext, status: str, reason: StopReason | None) -> None:
         if self.dispatcher is None:
             return
         self.dispatcher.status = status
         self.dispatcher.put("summary", run_summary(ctx, status, reason))
+
+
+def _config_of(ctx: RunContext) -> dict[str, Any]:
+    config = ctx.config
+    untracked = getattr(config, "untracked", None)  # reading it is not the script's read
+    return untracked() if untracked is not None else dict(config)
+
+
+def picked_up_sinks(info: RunInfo) -> list[TrackerSink]:
+    """Trackers the script already started: an active MLflow run."""
+    from prudent.tracking.mlflow import active_mlflow_run
+
+    active = active_mlflow_run()
+    if active is None:
+        return []
+    from prudent.tracking.mlflow import MlflowSink
+    from prudent.tracking.settings import MlflowSettings
+
+    run_id, tracking_uri = active
+    return [MlflowSink(MlflowSettings(tracking_uri=tracking_uri), info, active_run_id=run_id)]
 
 
 def any_tracker(settings: TrackingSettings) -> bool:

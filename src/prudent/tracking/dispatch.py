@@ -66,6 +66,11 @@ class TrackingDispatcher:
         if event_rows:
             self._queue.put(("events", event_rows))
 
+    def add_sink(self, sink: TrackerSink, first: list[tuple[str, Any]]) -> None:
+        """A tracker that joins a run under way: it gets ``first`` (what it missed that it
+        needs: the config), then every row from now on."""
+        self._queue.put(("sink", (sink, first)))
+
     def put(self, kind: str, data: Any) -> None:
         """``config`` (a dict) or ``summary`` (a dict), from any thread."""
         self._queue.put((kind, data))
@@ -104,6 +109,13 @@ class TrackingDispatcher:
 
     def _add(self, kind: str, data: Any) -> None:
         if kind == "wake":
+            return
+        if kind == "sink":
+            sink, first = data
+            slot = _Slot(sink)
+            slot.backlog.extend((k, d, 1) for k, d in first)
+            slot.num_rows = len(first)
+            self.slots.append(slot)
             return
         num_rows = len(data) if kind in ("metrics", "events") else 1
         for slot in self.slots:

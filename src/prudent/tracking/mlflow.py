@@ -32,7 +32,7 @@ from prudent.tracking.base import (
 )
 from prudent.tracking.settings import MlflowSettings
 
-__all__ = ["MlflowSink"]
+__all__ = ["MlflowSink", "active_mlflow_run"]
 
 RUN_ID_TAG = "prudent.run_id"
 _END_STATUS = {"completed": "FINISHED", "stopped": "KILLED", "failed": "FAILED"}
@@ -43,11 +43,15 @@ _PARAMS_BATCH = 100
 class MlflowSink(TrackerSink):
     name = "mlflow"
 
-    def __init__(self, settings: MlflowSettings, info: RunInfo) -> None:
+    def __init__(self, settings: MlflowSettings, info: RunInfo,
+                 active_run_id: str | None = None) -> None:
+        """``active_run_id``: the script's own MLflow run (``mlflow.start_run()`` before
+        ``prudent.init``), written into and left for the script to end."""
         self._mlflow = require("mlflow", "mlflow")
         self.settings = settings
         self.info = info
         self.run_id: str | None = None
+        self._active = active_run_id
         self._client: Any = None
         self._events: list[str] = []  # this attempt's, for the text artifact at the end
         self._started = time.strftime("%Y%m%d-%H%M%S")
@@ -55,6 +59,10 @@ class MlflowSink(TrackerSink):
     # connect --------------------------------------------------------------------------------
     def open(self) -> None:
         client = self._mlflow.MlflowClient(tracking_uri=self.settings.tracking_uri)
+        if self._active is not None:
+            client.set_tag(self._active, RUN_ID_TAG, self.info.run_id)
+            self._client, self.run_id = client, self._active
+            return
         experiment_id = self._experiment_id(client)
         run_id = self._known_run(client, experiment_id)
         if run_id is None:
@@ -174,7 +182,18 @@ class MlflowSink(TrackerSink):
         if self._events:
             self._client.log_text(self.run_id, "\n".join(self._events) + "\n",
                                   f"prudent/events-{self._started}.txt")
-        self._client.set_terminated(self.run_id, _END_STATUS.get(status, "FINISHED"))
+        if self._active is None:  # the script's own run: the script ends it
+            self._client.set_terminated(self.run_id, _END_STATUS.get(status, "FINISHED"))
+
+
+def active_mlflow_run() -> tuple[str, str] | None:
+    """The MLflow run the script started (``mlflow.start_run()``), as (run id, tracking URI);
+    None when MLflow is not even imported (nothing is imported here)."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    active = mlflow.active_run() if mlflow is not None else None
+    return None if active is None else (active.info.run_id, mlflow.get_tracking_uri())
 
 
 def _key(name: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from prudent.tracking.base import Row, RunInfo, TrackerSink, event_payload, event_text, require
 from prudent.tracking.settings import TensorBoardSettings
 
-__all__ = ["TensorBoardSink"]
+__all__ = ["TensorBoardSink", "is_summary_writer"]
 
 
 class TensorBoardSink(TrackerSink):
@@ -29,7 +29,17 @@ class TensorBoardSink(TrackerSink):
         self.logdir = f"{settings.logdir.rstrip('/')}/{info.run_id}"
         self.info = info
         self._writer: Any = None
+        self._owned = True  # prudent opened the writer: it closes it
         self._waiting: list[tuple[str, Any]] = []  # written once the first metric sets purge_step
+
+    @classmethod
+    def around(cls, writer: Any, info: RunInfo) -> TensorBoardSink:
+        """The script's own ``SummaryWriter`` (``run.attach(tb=writer)``): prudent writes into
+        it beside the script's scalars, flushes it, and leaves closing it to the script."""
+        sink = cls.__new__(cls)
+        sink.logdir, sink.info, sink._writer, sink._owned = writer.log_dir, info, writer, False
+        sink._waiting = []
+        return sink
 
     def _open_writer(self, first_step: int | None) -> Any:
         if self._writer is None:
@@ -90,7 +100,14 @@ class TensorBoardSink(TrackerSink):
         if self._writer is None and self._waiting:
             self._open_writer(None)
         if self._writer is not None:
-            self._writer.close()
+            self._writer.close() if self._owned else self._writer.flush()
+
+
+def is_summary_writer(obj: Any) -> bool:
+    """A TensorBoard ``SummaryWriter`` (torch's or tensorboardX's), without importing either."""
+    kind = type(obj)
+    return kind.__name__ == "SummaryWriter" and kind.__module__.startswith(
+        ("torch.utils.tensorboard", "tensorboardX"))
 
 
 def _has_events(logdir: str) -> bool:
