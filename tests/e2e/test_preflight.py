@@ -66,3 +66,17 @@ def test_an_unknown_instance_is_refused_before_anything_runs(project: Project) -
     result = project.prudent("preflight", "--instance", "aws:g5.xlarg", "--", sys.executable,
                              script("preflight_no_init.py"))
     assert result.returncode == 2 and "did you mean aws:g5.xlarge" in result.stderr
+
+
+def test_a_script_that_selects_cuda_on_a_machine_without_it_is_not_a_cloud_failure(
+        project: Project) -> None:
+    code, document = preflight(project, "--", sys.executable, script("preflight_cuda_only.py"))
+    runs = next(c for c in document["checks"] if c["id"] == "runs")
+    assert runs["status"] == "untestable", runs
+    assert runs["summary"].startswith("cannot test here: preflight_cuda_only.py selects cuda")
+    assert "in the cloud" not in runs["fix"] and "run.device" in runs["fix"]
+    assert code == 1 and not document["ok"]  # nothing was tested: not a pass either
+    text = project.prudent("preflight", "--", sys.executable, script("preflight_cuda_only.py"),
+                           timeout=600)
+    assert "could not be tested on this machine" in text.stdout
+    assert "not ready for the cloud" not in text.stdout

@@ -109,6 +109,12 @@ def test_overfit_passes_on_a_large_fall_and_fails_on_a_flat_loss() -> None:
     assert check.status == "fail" and "zero_grad" in check.fix
 
 
+def test_a_fall_just_short_of_the_factor_is_not_rounded_up_to_it() -> None:
+    losses = [2.3] * 10 + [2.3 / 9.97] * 50  # fell 9.97x: "10.0x" beside "at least 10x" read
+    check = check_overfit(result(record(), overfit=overfit_record(losses)))
+    assert check.status == "warn" and "fell only 9.9x, expected at least 10x" in check.summary
+
+
 def test_gradients_that_pile_up_fail_overfit_and_skip_resume() -> None:
     falling = [2.3 * 0.97 ** i for i in range(60)]  # falls 5x: a warning on its own
     smoke = record(gradients={**record()["gradients"], "stale": ["0.weight"]})
@@ -216,6 +222,9 @@ def test_overfit_judges_a_loop_that_draws_its_own_batches_only_when_they_repeate
     check = check_overfit(result(iteration_record(), overfit=replayed(slow, list("abcdef"))))
     assert check.status == "skip" and "the loop draws its own batches (no run.batches)" in \
         check.summary and "cannot rewind" in check.summary
+    # nanoGPT draws from torch's global generator, which was rewound: the skip names the
+    # prefetch too, not only a generator of the script's own
+    assert "drawn before the step that trains on it" in check.summary
 
 
 def test_a_loop_without_run_batches_is_checked_on_what_the_model_was_fed() -> None:

@@ -118,8 +118,23 @@ _INIT_FIX = ("add `run = prudent.init(config=...)`, `run.attach(model=..., optim
              "run.step(loss=loss) (see the README's five lines)")
 
 
+# what torch says when a script asks for CUDA on a machine without it
+_NO_CUDA = ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver",
+            "No CUDA GPUs are available", "CUDA driver initialization failed",
+            "no CUDA-capable device")
+
+
 def _crashed(title: str, phase: PhaseResult, name: str) -> CheckResult:
     exc = exception_of(phase)
+    if any(sign in exc.get("message", "") for sign in _NO_CUDA):
+        # the script's choice of device, not a bug the cloud would meet there
+        return CheckResult("runs", title, "untestable", f"cannot test here: {name} selects "
+                           f"cuda, which this machine does not have ({exc['type']}: "
+                           f"{short(exc['message'])})", "let prudent choose the device: "
+                           "model.to(run.device) (preflight sets it to cpu), or pass the "
+                           "script's own device option in the command (nanoGPT: --device=cpu); "
+                           "or run preflight on the GPU machine with --device cuda",
+                           format_frames(exc))
     record = phase.record or {}
     where = _where(record)
     frames = user_frames(exc.get("frames", []))
@@ -285,9 +300,11 @@ def _replayed(record: dict[str, Any], losses: list[float]) -> tuple[str, list[fl
         return (f"{own} and the attached model was fed too few steps to tell whether rewinding "
                 "the random generators repeated them: cannot repeat one", [])
     if len(set(inputs[1:])) != 1:
-        return (f"{own} from a source prudent cannot rewind (not Python's, NumPy's or torch's "
-                "global generators): the model got other inputs every step, so no batch could "
-                "be repeated", [])
+        return (f"{own}, and the model got other inputs every step although prudent rewound "
+                "Python's, NumPy's and torch's generators to repeat one: the batch is drawn "
+                "before the step that trains on it (a prefetch: carry it with run.carry) or "
+                "comes from a source prudent cannot rewind (a generator of the script's own: "
+                "attach it; an iterator over a file)", [])
     return "", losses if inputs[0] == inputs[1] else losses[1:]
 
 
@@ -313,7 +330,9 @@ def _judge_overfit(title: str, losses: list[float],
 
 
 def _ratio(first: float, end: float) -> str:
-    return f"{first / end:.1f}x" if end > 0 else "to 0"
+    """The fall as a factor, rounded down: 9.97x is "9.9x", never "10.0x" beside "expected at
+    least 10x"."""
+    return f"{math.floor(first / end * 10) / 10:.1f}x" if end > 0 else "to 0"
 
 
 CHECKS = [check_runs, check_finite, check_gradients, check_overfit, check_batches, check_resume]

@@ -11,7 +11,7 @@ from prudent.preflight.runner import PreflightResult
 
 __all__ = ["as_json", "as_text", "projection_check", "verdict_ok"]
 
-_MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP"}
+_MARKS = {"pass": "PASS", "warn": "WARN", "fail": "FAIL", "skip": "SKIP", "untestable": "N/A "}
 
 
 def projection_check(result: PreflightResult, projection: Projection | None) -> CheckResult:
@@ -47,7 +47,8 @@ def projection_check(result: PreflightResult, projection: Projection | None) -> 
 
 
 def verdict_ok(checks: list[CheckResult]) -> bool:
-    return not any(c.status == "fail" for c in checks)
+    """No check failed, and the script could be tested here at all."""
+    return not any(c.status in ("fail", "untestable") for c in checks)
 
 
 def as_text(result: PreflightResult, checks: list[CheckResult]) -> str:
@@ -55,13 +56,16 @@ def as_text(result: PreflightResult, checks: list[CheckResult]) -> str:
              f"{result.seconds:.1f} s)"]
     for check in checks:
         lines.append(f"  {_MARKS[check.status]}  {check.title}: {check.summary}")
-        if check.fix and check.status in ("fail", "warn"):
+        if check.fix and check.status in ("fail", "warn", "untestable"):
             lines.append(f"        fix: {check.fix}")
         if check.detail:
             lines += [f"        {line}" for line in check.detail.splitlines()]
     failed = [c for c in checks if c.status == "fail"]
     warned = [c for c in checks if c.status == "warn"]
-    if failed:
+    if any(c.status == "untestable" for c in checks):
+        lines.append(f"{script_name(result.command)} could not be tested on this machine: "
+                     "nothing is known of how it would do in the cloud (see above)")
+    elif failed:
         lines.append(f"{script_name(result.command)} is not ready for the cloud: "
                      f"{len(failed)} check(s) failed ({', '.join(c.id for c in failed)})")
     else:

@@ -1,6 +1,7 @@
 """What every preflight check returns, and the helpers the checks share.
 
-A :class:`CheckResult` has a status (``pass``, ``warn``, ``fail`` or ``skip``), one line saying
+A :class:`CheckResult` has a status (``pass``, ``warn``, ``fail``, ``skip``, or ``untestable``:
+the script cannot run on this machine at all, e.g. it selects CUDA), one line saying
 what was seen (with the numbers), a fix when something is wrong, and optional detail (a trimmed
 traceback, parameter names).
 """
@@ -24,7 +25,7 @@ _TITLES = {"batches": "batch shapes and dtypes are consistent",
 class CheckResult:
     id: str
     title: str
-    status: str  # pass | warn | fail | skip
+    status: str  # pass | warn | fail | skip | untestable
     summary: str
     fix: str = ""
     detail: str = ""
