@@ -11,6 +11,11 @@
   const LINE_EVENTS = new Set(['rule', 'restart', 'preemption', 'budget', 'stop']);
   const STATES = {complete: '#1f77b4', pruned: '#d62728', failed: '#7f7f7f', running: '#2ca02c'};
   const PLOT_CONFIG = {displaylogo: false, responsive: true};
+  const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b', '#e377c2', '#7f7f7f',
+    '#bcbd22', '#17becf'];
+  // how the curves are drawn, chosen on the page: kept across live updates and redraws
+  const VIEW = {smooth: 0, x: 'step', filter: '', log: 'auto'};
+  let SHOWN = null;  // the run page's newest data, which the curve tools redraw from
   // Plotly's 4.8 MB bundle is parsed off the main thread, while the page shows its text: the
   // dashboard loads it async; the report keeps it as text and runs it from a blob: URL.
   const PLOTLY = new Promise((resolve, reject) => {
@@ -81,6 +86,42 @@
   }
   function chartBox(props) {
     return el('div', Object.assign({cls: 'chart'}, props || {}));
+  }
+  function shortId(id) {  // "tiny-20261205-203324-ab12": the random tail tells two runs apart
+    const tail = /-\d{8}-\d{6}-([0-9a-f]+)$/.exec(id);
+    return tail ? tail[1] : id;
+  }
+  function runName(run) { return `${run.name} (${shortId(run.id)})`; }
+  function finite(values) { return values.filter((v) => typeof v === 'number' && Number.isFinite(v)); }
+  function steadyRange(values) {  // a series within ±1% of its level is drawn flat, not as a climb
+    const v = finite(values);
+    if (!v.length) return undefined;
+    const lo = Math.min(...v), hi = Math.max(...v), mid = (lo + hi) / 2, pad = 0.01 * Math.abs(mid);
+    return pad > 0 && hi - lo < 2 * pad ? [mid - pad, mid + pad] : undefined;
+  }
+  function yAxis(values, log, extra) {  // log: ticks at powers of ten only (1, 0.1, 0.01 ...)
+    if (log) {
+      const v = finite(values).filter((x) => x > 0);
+      const decades = v.length ? Math.log10(Math.max(...v) / Math.min(...v)) : 0;
+      return Object.assign({type: 'log', dtick: decades >= 1 ? 1 : undefined}, extra);
+    }
+    const range = steadyRange(values);
+    return Object.assign({type: 'linear'}, range ? {range, autorange: false} : {}, extra);
+  }
+  function ema(values, weight) {  // TensorBoard's smoothing: debiased, gaps stay gaps
+    let last = 0, n = 0;
+    return values.map((v) => {
+      if (v === null || v === undefined) return null;
+      last = last * weight + (1 - weight) * v;
+      n += 1;
+      return last / (1 - Math.pow(weight, n));
+    });
+  }
+  function singleValue(title, series) {  // one point is a number, not an empty chart
+    const s = series.find((x) => finite(x.values).length) || series[0];
+    const i = s.values.findIndex((v) => v !== null);
+    return [el('div', {cls: 'stat-name', text: title}), el('div', {cls: 'stat-value', text: num(s.values[i])}),
+      el('div', {cls: 'muted', text: `at step ${s.steps[i]} (one point)`})];
   }
   function plot(div, traces, layout) {
     const full = Object.assign({margin: {l: 55, r: 20, t: 30, b: 40}, height: 300,
@@ -172,7 +213,7 @@
     for (const m of markers) (byKind[m.kind] = byKind[m.kind] || []).push(m);
     // one row per kind, so that a rule, its capture and its stop at one step are each hoverable
     return Object.entries(byKind).map(([kind, items], row) => ({
-      type: 'scatter', mode: 'markers', name: kind, yaxis: 'y2', x: items.map((m) => m.step),
+      type: 'scatter', mode: 'markers', name: kind, yaxis: 'y2', x: items.map((m) => (m.x === undefined ? m.step : m.x)),
       y: items.map(() => 0.97 - 0.075 * row), hoverinfo: 'text',
       hovertext: items.map((m) => plotText(`${kind} at step ${m.step}: ${m.message}`).replace(/(.{90}\S*)\s/g, '$1<br>')),
       marker: {color: COLORS[kind] || '#333', size: kind === 'checkpoint' ? 7 : 12,
@@ -181,11 +222,67 @@
   }
   function markerLines(markers) {
     return markers.filter((m) => LINE_EVENTS.has(m.kind)).map((m) => ({type: 'line', xref: 'x', yref: 'paper',
-      x0: m.step, x1: m.step, y0: 0, y1: 1, line: {color: COLORS[m.kind], width: 1, dash: 'dot'}}));
+      x0: m.x === undefined ? m.step : m.x, x1: m.x === undefined ? m.step : m.x, y0: 0, y1: 1, line: {color: COLORS[m.kind], width: 1, dash: 'dot'}}));
   }
   function logScale(series) {  // a loss that falls over decades reads better on a log axis
     const values = series.flatMap((s) => s.values).filter((v) => v !== null);
     return values.length > 0 && values.every((v) => v > 0) && Math.max(...values) / Math.min(...values) > 100;
+  }
+  function stepToWall(data) {  // the series carry steps: a step's time from the run's events and samples
+    const run = data.run, anchors = [[0, run.started_at]];
+    for (const e of (data.events || {}).rows || []) if (e.step !== null && e.wall) anchors.push([e.step, e.wall]);
+    for (const s of data.timeline || []) if (s.step !== undefined && s.t !== undefined) anchors.push([s.step, run.started_at + s.t]);
+    anchors.push([run.step, run.ended_at || Date.now() / 1000]);
+    anchors.sort((a, b) => a[0] - b[0] || a[1] - b[1]);
+    for (let i = 1; i < anchors.length; i++) anchors[i][1] = Math.max(anchors[i][1], anchors[i - 1][1]);
+    return (step) => {
+      let lo = 0, hi = anchors.length;  // the first anchor at or after the step
+      while (lo < hi) { const mid = (lo + hi) >> 1; if (anchors[mid][0] < step) lo = mid + 1; else hi = mid; }
+      const i = lo;
+      if (i === anchors.length) return new Date(anchors[i - 1][1] * 1000);
+      if (i === 0 || anchors[i][0] === step) return new Date(anchors[i][1] * 1000);
+      const [s0, w0] = anchors[i - 1], [s1, w1] = anchors[i];
+      return new Date((w0 + (w1 - w0) * (step - s0) / (s1 - s0)) * 1000);
+    };
+  }
+  function curveTools(redraw, options) {
+    const shown = el('span', {cls: 'muted', id: 'smoothing-value', text: VIEW.smooth.toFixed(2)});
+    return el('div', {cls: 'tools', id: 'curve-tools'},
+      el('input', {type: 'search', id: 'metric-filter', placeholder: 'filter metrics by name', value: VIEW.filter,
+        on: {input: (e) => { VIEW.filter = e.target.value; filterCharts(); }}}),
+      el('label', {}, 'smoothing ', el('input', {type: 'range', id: 'smoothing', min: 0, max: 0.99, step: 0.01,
+        value: VIEW.smooth, on: {input: (e) => { VIEW.smooth = Number(e.target.value); shown.textContent = VIEW.smooth.toFixed(2); redraw(); }}}), ' ', shown),
+      options.wall ? el('label', {}, 'x axis ', el('select', {id: 'x-axis', on: {change: (e) => { VIEW.x = e.target.value; redraw(); }}},
+        el('option', {value: 'step', text: 'step', selected: VIEW.x === 'step'}),
+        el('option', {value: 'wall', text: 'wall time', selected: VIEW.x === 'wall'}))) : null,
+      options.log ? el('label', {}, 'y axis ', el('select', {id: 'y-scale', on: {change: (e) => { VIEW.log = e.target.value; redraw(); }}},
+        [['auto', 'log for losses'], ['linear', 'linear'], ['log', 'log']].map(([value, text]) =>
+          el('option', {value, text, selected: VIEW.log === value})))) : null);
+  }
+  function filterCharts() {
+    const text = VIEW.filter.trim().toLowerCase();
+    for (const div of document.querySelectorAll('#curves [data-metric]')) {
+      div.hidden = Boolean(text) && !div.dataset.names.toLowerCase().includes(text);
+    }
+  }
+  function lineTraces(name, x, y, color, extra) {  // smoothed: the raw line stays, faint, behind
+    const hover = plotText(name) + (VIEW.x === 'wall' ? ' %{y}<br>%{x}' : ' %{y}<br>step %{x}') + '<extra></extra>';
+    const line = Object.assign({type: 'scatter', name: plotText(name), x, y, connectgaps: false, line: {color},
+      marker: {color}, hovertemplate: hover}, extra);
+    if (!VIEW.smooth) return [line];
+    return [Object.assign({}, line, {opacity: 0.25, showlegend: false, hoverinfo: 'skip', hovertemplate: undefined, meta: 'raw'}),
+      Object.assign({}, line, {y: ema(y, VIEW.smooth), mode: 'lines', meta: 'smoothed'})];
+  }
+  function curveBoxes(container, groups) {  // kept while they stay the same: live charts keep their zoom
+    const keyOf = (g) => g.title + (g.single ? ' value' : ' chart');
+    const known = [...container.children].map((d) => d.dataset.key);
+    if (known.length !== groups.length || groups.some((g, i) => known[i] !== keyOf(g))) {
+      container.replaceChildren(...groups.map((g) => g.single
+        ? el('div', {cls: 'stat', 'data-key': keyOf(g), 'data-metric': g.title})
+        : chartBox({cls: 'chart curve', 'data-key': keyOf(g), 'data-metric': g.title})));
+    }
+    groups.forEach((g, i) => { container.children[i].dataset.names = [g.title, ...g.series.map((s) => s.name)].join(' '); });
+    return [...container.children];
   }
   function drawCurves(container, data) {
     const groups = curveGroups(data.series);
@@ -193,25 +290,29 @@
       container.replaceChildren(el('p', {cls: 'muted', text: 'no metrics recorded yet'}));
       return Promise.resolve();
     }
-    const known = new Map([...container.querySelectorAll('.curve')].map((d) => [d.dataset.metric, d]));
-    if (known.size !== groups.length || groups.some((g) => !known.has(g.title))) {
-      container.replaceChildren(...groups.map((g) => chartBox({cls: 'chart curve', 'data-metric': g.title})));
-    }
+    for (const g of groups) g.single = g.series.every((s) => finite(s.values).length <= 1);
+    const boxes = curveBoxes(container, groups);
+    const wall = VIEW.x === 'wall' ? stepToWall(data) : null;
+    const xOf = (steps) => (wall ? steps.map(wall) : steps);
     const drawn = [];
-    for (const g of groups) {
-      const div = container.querySelector(`.curve[data-metric="${CSS.escape(g.title)}"]`);
-      const traces = g.series.map((s) => ({type: 'scatter', mode: s.steps.length < 60 ? 'lines+markers' : 'lines',
-        name: plotText(s.name + (s.downsampled ? ` (${s.count.toLocaleString()} points, min/max per bucket)` : '')),
-        x: s.steps, y: s.values, connectgaps: false, hovertemplate: plotText(s.name) + ' %{y}<br>step %{x}<extra></extra>'}));
+    groups.forEach((g, i) => {
+      const div = boxes[i];
+      if (g.single) { div.replaceChildren(...singleValue(g.title, g.series)); return; }
+      const traces = g.series.flatMap((s, j) => lineTraces(
+        s.name + (s.downsampled ? ` (${s.count.toLocaleString()} points, min/max per bucket)` : ''),
+        xOf(s.steps), s.values, PALETTE[j % PALETTE.length], {mode: s.steps.length < 60 ? 'lines+markers' : 'lines'}));
       const points = g.series.reduce((n, s) => n + s.count, 0);
       div.dataset.points = String(points);
       div.dataset.lastStep = String(Math.max(...g.series.map((s) => s.steps.length ? s.steps[s.steps.length - 1] : 0)));
-      drawn.push(plot(div, traces.concat(markerTraces(data.markers)), {
-        title: {text: plotText(g.title), x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'step'}},
-        yaxis: {type: logScale(g.series) ? 'log' : 'linear'},
+      const markers = wall ? data.markers.map((m) => Object.assign({}, m, {x: new Date(m.wall * 1000)})) : data.markers;
+      drawn.push(plot(div, traces.concat(markerTraces(markers)), {
+        title: {text: plotText(g.title), x: 0.01, font: {size: 14}},
+        xaxis: {title: {text: wall ? 'wall time' : 'step'}, type: wall ? 'date' : 'linear'},
+        yaxis: yAxis(g.series.flatMap((s) => s.values), logScale(g.series)),
         yaxis2: {overlaying: 'y', range: [0, 1], visible: false, fixedrange: true},
-        shapes: markerLines(data.markers)}));
-    }
+        shapes: markerLines(markers)}));
+    });
+    filterCharts();
     return Promise.all(drawn);
   }
   function profileSection(data) {
@@ -223,7 +324,8 @@
       parts.push(div);
       requestAnimationFrame(() => plot(div, names.map((n) => ({type: 'bar', orientation: 'h', name: n,
         y: ['step time'], x: [p.breakdown[n].pct], hovertemplate: `${n}: %{x}% (${p.breakdown[n].s} s)<extra></extra>`})),
-      {barmode: 'stack', height: 170, xaxis: {title: {text: '% of training time'}, range: [0, 100]}}));
+      {barmode: 'stack', height: 170, xaxis: {title: {text: '% of training time'}, range: [0, 100]},
+        yaxis: {automargin: true}, margin: {l: 80, r: 20, t: 10, b: 40}, legend: {orientation: 'h', y: -0.6}}));
       const t = p.throughput || {}, st = p.step_time_ms || {};
       parts.push(el('p', {text: `${p.num_steps} steps in ${duration(p.wall_s)}; ${num(t.steps_per_s)} steps/s` +
         (t.samples_per_s ? `, ${num(t.samples_per_s)} samples/s` : '') + (t.tokens_per_s ? `, ${num(t.tokens_per_s)} tokens/s` : '') +
@@ -231,39 +333,54 @@
     } else {
       parts.push(el('p', {cls: 'muted', text: 'no profile yet: the profiler writes its summary when the run ends'}));
     }
-    if (data.timeline && data.timeline.length) {
-      const samples = data.timeline.map((s) => {  // each GPU's use as keys of its own
-        const flat = Object.assign({}, s);
-        (s.gpus || []).forEach((g, i) => { flat[`gpu${i}_util_pct`] = g.util_pct; flat[`gpu${i}_mem_used_mb`] = g.mem_used_mb; });
-        return flat;
-      });
-      const t = samples.map((s) => s.t);
-      const rate = chartBox({id: 'throughput', cls: 'chart'});
-      const system = chartBox({id: 'system', cls: 'chart'});
-      parts.push(rate, system);
-      const split = ['data', 'compute', 'checkpoint', 'eval', 'other'].filter((k) => samples.some((s) => s[`${k}_pct`] !== undefined));
-      if (split.length) {  // where each interval's time went, over the run
-        const over = chartBox({id: 'split', cls: 'chart'});
-        parts.push(over);
-        requestAnimationFrame(() => plot(over, split.map((k) => ({type: 'scatter', mode: 'lines', stackgroup: 'split', name: k,
-          x: t, y: samples.map((s) => s[`${k}_pct`] || 0), hovertemplate: `${k}: %{y:.1f}%<extra></extra>`})),
-        {title: {text: 'step time split over the run', x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'seconds'}},
-          yaxis: {title: {text: '% of wall time'}}, margin: {l: 55, r: 20, t: 30, b: 40}}));
-      }
-      const keys = [...new Set(samples.flatMap(Object.keys))]
-        .filter((k) => /^(cpu_pct|system_cpu_pct|rss_mb|gpu\d+_(util_pct|mem_used_mb))$/.test(k));
-      requestAnimationFrame(() => {
-        plot(rate, ['steps_per_s', 'samples_per_s', 'tokens_per_s'].filter((k) => samples.some((s) => s[k])).map((k) => ({type: 'scatter', name: k, x: t, y: samples.map((s) => s[k]), yaxis: k === 'steps_per_s' ? 'y' : 'y2'})),
-          {title: {text: 'throughput', x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'seconds'}},
-            margin: {l: 55, r: 70, t: 30, b: 40}, yaxis: {title: {text: 'steps/s'}},
-            yaxis2: {overlaying: 'y', side: 'right', title: {text: 'samples or tokens/s'}}});
-        plot(system, keys.map((k) => ({type: 'scatter', name: k, x: t, y: samples.map((s) => s[k]),
-          yaxis: /_mb/.test(k) ? 'y2' : 'y'})), {title: {text: 'CPU / GPU / memory', x: 0.01, font: {size: 14}},
-          xaxis: {title: {text: 'seconds'}}, yaxis: {title: {text: '%'}}, margin: {l: 55, r: 70, t: 30, b: 40},
-          yaxis2: {overlaying: 'y', side: 'right', title: {text: 'MB'}}});
-      });
-    }
+    if (data.timeline && data.timeline.length) parts.push(...timelineParts(data.timeline));
     return section('Where the time went', ...parts);
+  }
+  const RATES = ['steps_per_s', 'samples_per_s', 'tokens_per_s'];
+  const SPLIT = ['data', 'compute', 'checkpoint', 'eval', 'other'];
+  function timelineParts(timeline) {
+    const samples = timeline.map((s) => {  // each GPU's use as keys of its own
+      const flat = Object.assign({}, s);
+      (s.gpus || []).forEach((g, i) => { flat[`gpu${i}_util_pct`] = g.util_pct; flat[`gpu${i}_mem_used_mb`] = g.mem_used_mb; });
+      return flat;
+    });
+    const keys = [...new Set(samples.flatMap(Object.keys))]
+      .filter((k) => /^(cpu_pct|system_cpu_pct|rss_mb|gpu\d+_(util_pct|mem_used_mb))$/.test(k));
+    const rates = RATES.filter((k) => samples.some((s) => s[k]));
+    const split = SPLIT.filter((k) => samples.some((s) => s[`${k}_pct`] !== undefined));
+    if (samples.length === 1) {  // a short run: one sample is a row of numbers, not empty charts
+      const only = samples[0], unit = (k) => (/_pct$/.test(k) ? '%' : (/_mb$/.test(k) ? ' MB' : ''));
+      const shown = [...rates, ...keys, ...split.map((k) => `${k}_pct`)].filter((k) => only[k] !== undefined && only[k] !== null);
+      return [el('p', {cls: 'muted', text: `one profiler sample, at ${num(only.t)} s:`}),
+        el('dl', {cls: 'fields', id: 'machine'}, shown.map((k) => el('div', {}, el('dt', {text: k}), el('dd', {text: num(only[k]) + unit(k)}))))];
+    }
+    const t = samples.map((s) => s.t);
+    const column = (k) => samples.map((s) => s[k]);
+    const rate = chartBox({id: 'throughput', cls: 'chart'});
+    const system = chartBox({id: 'system', cls: 'chart'});
+    const parts = [rate, system];
+    const side = {overlaying: 'y', side: 'right'};
+    if (split.length) {  // where each interval's time went, over the run
+      const over = chartBox({id: 'split', cls: 'chart'});
+      parts.push(over);
+      requestAnimationFrame(() => plot(over, split.map((k) => ({type: 'scatter', mode: 'lines', stackgroup: 'split', name: k,
+        x: t, y: samples.map((s) => s[`${k}_pct`] || 0), hovertemplate: `${k}: %{y:.1f}%<extra></extra>`})),
+      {title: {text: 'step time split over the run', x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'seconds'}},
+        yaxis: {title: {text: '% of wall time'}}, margin: {l: 55, r: 20, t: 30, b: 40}}));
+    }
+    requestAnimationFrame(() => {
+      const second = rates.filter((k) => k !== 'steps_per_s');
+      plot(rate, rates.map((k) => ({type: 'scatter', name: k, x: t, y: column(k), yaxis: k === 'steps_per_s' ? 'y' : 'y2'})),
+        {title: {text: 'throughput', x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'seconds'}},
+          margin: {l: 55, r: 70, t: 30, b: 40}, yaxis: yAxis(column('steps_per_s'), false, {title: {text: 'steps/s'}}),
+          yaxis2: yAxis(second.flatMap(column), false, Object.assign({title: {text: 'samples or tokens/s'}}, side))});
+      const mb = keys.filter((k) => /_mb/.test(k)), pct = keys.filter((k) => !/_mb/.test(k));
+      plot(system, keys.map((k) => ({type: 'scatter', name: k, x: t, y: column(k), yaxis: /_mb/.test(k) ? 'y2' : 'y'})),
+        {title: {text: 'CPU / GPU / memory', x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'seconds'}},
+          yaxis: yAxis(pct.flatMap(column), false, {title: {text: '%'}}), margin: {l: 55, r: 70, t: 30, b: 40},
+          yaxis2: yAxis(mb.flatMap(column), false, Object.assign({title: {text: 'MB'}}, side))});
+    });
+    return parts;
   }
   function findingsSection(findings) {
     return section('Findings', findings.length ? el('ul', {id: 'findings'}, findings.map((f) =>
@@ -274,7 +391,11 @@
     const c = data.cost || {};
     const parts = [el('p', {text: `total ${usd(c.total_usd)}` + (c.hourly_usd !== undefined ? ` at ${usd(c.hourly_usd)}/h` : '') +
       (c.instance ? ` on ${c.instance}${c.spot ? ' (spot)' : ''}` : '') + (c.saved_usd ? `; saved ${usd(c.saved_usd)} against on-demand` : '')})];
-    if (data.cost_over_time.length > 1) {
+    const spent = data.cost_over_time.some((p) => p.usd);
+    if (!spent) {  // a flat $0 line says nothing
+      parts.push(el('p', {cls: 'muted', id: 'no-cost', text: c.hourly_usd ? 'no cost recorded yet'
+        : 'no cost chart: no instance price known, so this run cost $0 as far as prudent knows'}));
+    } else if (data.cost_over_time.length > 1) {
       const div = chartBox({id: 'cost', cls: 'chart small'});
       parts.push(div);
       requestAnimationFrame(() => plot(div, [{type: 'scatter', mode: 'lines+markers', name: 'cost',
@@ -296,7 +417,7 @@
     const kinds = [...new Set(events.rows.map((e) => e.kind))].sort();
     const body = el('tbody');
     const fill = (kind) => body.replaceChildren(...events.rows.filter((e) => !kind || e.kind === kind).map((e) =>
-      el('tr', {'data-kind': e.kind}, el('td', {text: e.step}), el('td', {text: e.kind}), el('td', {text: e.name}),
+      el('tr', {'data-kind': e.kind}, el('td', {text: e.step}), el('td', {text: e.kind, title: e.kind}), el('td', {text: e.name, title: e.name}),
         el('td', {text: e.message}))));
     fill('');
     const note = events.total > events.rows.length ? `the newest ${events.rows.length} of ${events.total}` : `${events.total}`;
@@ -317,9 +438,11 @@
   function runPage(data) {
     setTitle(`${data.run.name} (${data.run.id})`);
     const curves = el('div', {id: 'curves'});
+    SHOWN = data;
+    const redraw = () => { if (SHOWN.series !== null) curvesDrawn(drawCurves(curves, SHOWN)); };
     APP.replaceChildren(runSummary(data.run, data.verdict),
       section('Curves and events', el('p', {cls: 'muted', text: 'markers on top: ' + Object.keys(COLORS).join(', ') +
-        '; hover one to read it'}), curves),
+        '; hover one to read it'}), curveTools(redraw, {wall: true}), curves),
       profileSection(data), findingsSection(data.findings), costSection(data), configSection(data.run),
       eventsSection(data.events));
     if (data.series === null) {  // a quick first answer: the curves follow from the full one
@@ -333,6 +456,7 @@
     promise.then(() => { APP.dataset.curvesDrawnMs = performance.now().toFixed(1); });
   }
   function updateRun(data) {  // live: new points and events, the charts keep their zoom
+    SHOWN = data;
     const summary = document.getElementById('summary');
     summary.replaceWith(runSummary(data.run, data.verdict));
     curvesDrawn(drawCurves(document.getElementById('curves'), data));
@@ -358,18 +482,37 @@
 
   // --- compare ----------------------------------------------------------------------------
   function comparePage(data) {
-    setTitle('compare ' + data.runs.map((r) => r.run.name).join(', '));
+    setTitle('compare ' + data.runs.map((r) => runName(r.run)).join(', '));
     const names = [...new Set(data.runs.flatMap((r) => r.series.map((s) => s.name)))].sort();
-    const charts = names.map((n) => chartBox({cls: 'chart curve', 'data-metric': n}));
-    const head = ['key', ...data.runs.map((r) => `${r.run.name} (${r.run.id})`)];
+    const single = (n) => data.runs.every((r) => finite((r.series.find((s) => s.name === n) || {values: []}).values).length <= 1);
+    const curves = el('div', {id: 'curves'}, names.map((n) => (single(n)
+      ? el('div', {cls: 'stat', 'data-metric': n, 'data-names': n}, el('div', {cls: 'stat-name', text: n}),
+        data.runs.map((r) => { const s = r.series.find((x) => x.name === n); const v = s ? finite(s.values)[0] : undefined;
+          return el('div', {}, `${runName(r.run)}: `, el('b', {text: v === undefined ? '—' : num(v)})); }))
+      : chartBox({cls: 'chart curve', 'data-metric': n, 'data-names': n}))));
+    const head = ['key', ...data.runs.map((r) => runName(r.run))];
     const rows = data.config.map((row) => el('tr', {cls: row.differs ? 'diff' : ''}, el('td', {text: row.key}),
       row.values.map((v) => el('td', {text: v === undefined ? '' : JSON.stringify(v)}))));
-    APP.replaceChildren(section('Runs', el('ul', {}, data.runs.map((r) => el('li', {}, runLink(r.run.id, r.run.name),
+    const redraw = () => drawCompare(curves, data, names);
+    APP.replaceChildren(section('Runs', el('ul', {}, data.runs.map((r) => el('li', {}, runLink(r.run.id, runName(r.run)),
       ` ${r.run.status}, ${r.run.step} steps, ${usd(r.run.cost_usd)}`)))),
-    section('Curves', ...charts), section('Config (differences highlighted)', table(head, rows, {id: 'config'})));
-    names.forEach((n, i) => plot(charts[i], data.runs.map((r) => r.series.find((s) => s.name === n)).map((s, j) => s && ({
-      type: 'scatter', mode: 'lines', name: plotText(`${data.runs[j].run.name} (${data.runs[j].run.id})`), x: s.steps, y: s.values,
-    })).filter(Boolean), {title: {text: plotText(n), x: 0.01, font: {size: 14}}, xaxis: {title: {text: 'step'}}}));
+    section('Curves', curveTools(redraw, {log: true}), curves),
+    section('Config (differences highlighted)', table(head, rows, {id: 'config'})));
+    redraw();
+  }
+  function drawCompare(curves, data, names) {
+    names.forEach((n, i) => {
+      if (!curves.children[i].classList.contains('curve')) return;
+      const found = data.runs.map((r) => r.series.find((s) => s.name === n));
+      const traces = found.flatMap((s, j) => (s ? lineTraces(runName(data.runs[j].run), s.steps, s.values,
+        PALETTE[j % PALETTE.length], {mode: 'lines'}) : []));
+      const values = found.flatMap((s) => (s ? s.values : []));
+      const positive = finite(values).length > 0 && finite(values).every((v) => v > 0);  // a log axis needs it
+      const log = positive && (VIEW.log === 'log' || (VIEW.log === 'auto' && (/loss/i.test(n) || logScale(found.filter(Boolean)))));
+      plot(curves.children[i], traces, {title: {text: plotText(n), x: 0.01, font: {size: 14}}, showlegend: true,
+        xaxis: {title: {text: 'step'}}, yaxis: yAxis(values, log)});
+    });
+    filterCharts();
   }
 
   // --- study ------------------------------------------------------------------------------
