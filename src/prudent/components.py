@@ -22,6 +22,7 @@ from prudent.distributed import StopCoordinator, ranks_from_env
 from prudent.events import Component
 from prudent.launch import LaunchSpec
 from prudent.monitor.monitor import Monitor
+from prudent.own_checkpoint import ScriptResumeWatch
 from prudent.preemption.watcher import PreemptionWatcher
 from prudent.preflight.probe import PreflightProbe
 from prudent.profile.component import Profiler
@@ -91,6 +92,8 @@ DEFAULT_COMPONENTS: list[ComponentFactory] = [
     # a --set (or trial) key the script has not read by its first epoch's end: a warning, and
     # a failed trial under the tuner
     lambda settings, spec: UnreadConfigWatch.build(spec, quiet=_quiet(settings)),
+    # a script that resumes from a checkpoint of its own (nanoGPT's init_from='resume')
+    lambda settings, spec: ScriptResumeWatch(quiet=_quiet(settings)),
     # a bundle when a step raises or turns non-finite (before the optimizer step), or a rule asks
     _failure_capture,
     # the record that travelled with the checkpoints is merged before the meter reads the spend

@@ -94,7 +94,7 @@ RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
     EventKind.CHECKPOINT: ("skipped", "fresh_start", "resumed", "emergency_skipped",
                            "not_restored", "save_failed", "saved", "interval", "record_imported",
                            "record_lost", "not_finite", "restored", "rank_fresh",
-                           "world_changed"),
+                           "world_changed", "script_resumed"),
     EventKind.PREEMPTION: ("notice",),
     EventKind.COST: ("detect", "price", "meter", "limit"),
     EventKind.PROFILE: ("trace_failed", "trace", "trace_skipped", "summary"),
