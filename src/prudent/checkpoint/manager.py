@@ -36,7 +36,7 @@ from prudent.checkpoint.sharded import (
     holds_shards,
     is_sharded_entry,
     load_sharded,
-    owner_of,
+    module_pairs,
     save_sharded,
     sharded_objects,
     shards_folder_of,
@@ -170,7 +170,7 @@ class Checkpointer(Component):
     def _restore_shards(self, run: RunContext, saved: dict[str, Any]) -> None:
         """Every rank reads its shards back (a collective: every rank attaches alike), into
         sharded objects or whole ones (a job resumed on one process, or under DDP)."""
-        pairs = _module_pairs(run.objects)
+        pairs = module_pairs(run.objects)
         missing = sorted(set(saved) - set(pairs))
         if missing:
             raise ConfigError(
@@ -516,21 +516,6 @@ def _restore_whole(run: RunContext, key: str, obj: Any, saved: Any) -> None:
                           f"attach the model before (or together with) {key}")
     else:
         restore_object(obj, saved)
-
-
-def _module_pairs(objects: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """``key -> (module, optimizer or None)`` for every attached model and each optimizer of
-    an attached model's parameters: what DCP reads shards into."""
-    import torch
-
-    modules = {key: obj for key, obj in objects.items() if isinstance(obj, torch.nn.Module)}
-    pairs: dict[str, tuple[Any, Any]] = {key: (module, None) for key, module in modules.items()}
-    for key, obj in objects.items():
-        if isinstance(obj, torch.optim.Optimizer):
-            owner = owner_of(obj, modules.values())
-            if owner is not None:
-                pairs[key] = (owner, obj)
-    return pairs
 
 
 def _group_of(run: RunContext) -> Any:

@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from prudent.checkpoint.storage import CheckpointStorage
 
 __all__ = ["SHARDS_SUFFIX", "corrupted_shards", "holds_shards", "is_sharded_entry",
-           "load_sharded", "missing_shards", "owner_of", "save_sharded", "shard_digests", "sharded_objects",
-           "shards_folder_of"]
+           "load_sharded", "missing_shards", "module_pairs", "owner_of", "save_sharded",
+           "shard_digests", "sharded_objects", "shards_folder_of"]
 
 SHARDS_SUFFIX = ".shards"
 METADATA_FILE = ".metadata"  # DCP's index of the shards (pickled)
@@ -58,8 +58,15 @@ def holds_shards(obj: Any) -> bool:
 def sharded_objects(objects: dict[str, Any]) -> dict[str, tuple[torch.nn.Module, Any]]:
     """``key -> (module, optimizer or None)`` for the attached objects saved through DCP: the
     sharded modules, and each optimizer of their parameters (paired with its module)."""
+    return module_pairs(objects, sharded_only=True)
+
+
+def module_pairs(objects: dict[str, Any], sharded_only: bool = False
+                 ) -> dict[str, tuple[torch.nn.Module, Any]]:
+    """``key -> (module, optimizer or None)`` for every attached model (or every sharded one)
+    and each optimizer of its parameters: what DCP saves from or reads shards into."""
     modules = {key: obj for key, obj in objects.items()
-               if isinstance(obj, torch.nn.Module) and holds_shards(obj)}
+               if isinstance(obj, torch.nn.Module) and (not sharded_only or holds_shards(obj))}
     found: dict[str, tuple[torch.nn.Module, Any]] = {k: (m, None) for k, m in modules.items()}
     for key, obj in objects.items():
         if isinstance(obj, torch.optim.Optimizer):
