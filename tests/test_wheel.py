@@ -69,3 +69,40 @@ def test_prudent_installed_from_the_wheel_alone_finds_its_data(wheel: Path,
                          capture_output=True, text=True, timeout=120)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.split() == ["1", "True"]
+
+
+@pytest.mark.slow
+def test_the_wheel_installed_outside_the_checkout_runs_the_demo_and_reports_it(
+        wheel: Path, tmp_path: Path) -> None:
+    """What a user of `pip install prudent` does first, from the wheel alone (its dependencies
+    from this environment), in a folder that is not the checkout: --version, the digits example
+    under `prudent run`, its report with the charts inside, the price catalog."""
+    import os
+    import shutil
+
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                    str(target), str(wheel)], check=True, capture_output=True, timeout=300)
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "examples" / "digits.py", project / "digits.py")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PRUDENT_")},
+           "PYTHONPATH": str(target), "PRUDENT_CONSOLE": "off"}
+
+    def prudent(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "prudent", *args], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=timeout)
+
+    where = subprocess.run([sys.executable, "-c", "import prudent; print(prudent.__file__)"],
+                           cwd=project, env=env, capture_output=True, text=True, check=True)
+    assert where.stdout.startswith(str(target))  # the wheel's, not the checkout's
+    version = prudent("--version")
+    assert version.returncode == 0 and version.stdout.startswith("prudent "), version.stderr
+    trained = prudent("run", "--run-id", "demo", "--", sys.executable, "digits.py", timeout=600)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    report = prudent("report", "demo", "-o", "demo.html")
+    assert report.returncode == 0, report.stderr
+    page = (project / "demo.html").read_text()
+    assert "Plotly" in page and len(page) > 1_000_000  # the chart bundle is inside the page
+    catalog = prudent("catalog", "--cloud", "aws")
+    assert catalog.returncode == 0 and "g5.xlarge" in catalog.stdout, catalog.stderr
