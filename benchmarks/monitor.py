@@ -70,10 +70,22 @@ class Scenario:
     intended: tuple[str, ...] | None  # the rules meant to catch it; None: healthy
     settings: dict[str, Any] = field(default_factory=dict)  # prudent.yaml, beyond the defaults
     repair: bool = False  # meant to be repaired (skip, rollback), not stopped
+    script_name: str | None = None  # monitor_<name>.py unless one script plays several
+    env: dict[str, str] = field(default_factory=dict)  # that script's variant
 
     @property
     def script(self) -> Path:
-        return SCRIPTS / f"monitor_{self.name}.py"
+        return SCRIPTS / f"monitor_{self.script_name or self.name}.py"
+
+
+def burst(count: int, scale: int, at: str) -> Scenario:
+    """A healthy run whose ``count`` batches in a row from step ``at`` (early: 100, middle:
+    300, late: 560 of 672) have their inputs scaled ``scale`` times: a bad shard, repairable."""
+    onset = {"early": 100, "middle": 300, "late": 560}[at]
+    return Scenario(f"burst_{count}x{scale}_{at}", ("loss_spike",), repair=True,
+                    script_name="burst_skip", env={"MONITOR_BURST": str(count),
+                                                   "MONITOR_SCALE": str(scale),
+                                                   "MONITOR_ONSET": str(onset)})
 
 
 SCENARIOS = [
@@ -91,6 +103,8 @@ SCENARIOS = [
     Scenario("leak_short", ("memory_growth",)),
     Scenario("spike_rollback", ("loss_spike",), EVERY_50, repair=True),
     Scenario("spike_skip", ("loss_spike",), repair=True),
+    *(burst(count, scale, at) for count, scale in ((1, 50), (3, 10), (3, 50), (10, 50))
+      for at in ("early", "middle", "late")),
     Scenario("late_nan", ("non_finite",)),
     Scenario("lr_zero", ("update_ratio",)),
     Scenario("healthy_mlp", None),
@@ -151,7 +165,8 @@ def run_scenario(scenario: Scenario, mode: str, seed: int = 0, timeout_s: float 
         (project / "prudent.yaml").write_text(settings_yaml(scenario, mode))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PRUDENT_", "MONITOR_"))}
         run_id = f"{scenario.name}-{mode}-{seed}"
-        env.update(PRUDENT_CONSOLE="plain", PRUDENT_RUN_ID=run_id, MONITOR_SEED=str(seed))
+        env.update(PRUDENT_CONSOLE="plain", PRUDENT_RUN_ID=run_id, MONITOR_SEED=str(seed),
+                   **scenario.env)
         if mode == "reference":
             env["MONITOR_HEALTHY"] = "1"
         started = time.perf_counter()

@@ -2,6 +2,8 @@
 the data); each of their updates would wreck the weights -> loss_spike skips them, and the
 gradient norms of those skipped steps are not taken for an explosion."""
 
+import os
+
 import torch
 from _monitor_task import HEALTHY, blobs, loaders, mlp, train
 
@@ -10,12 +12,15 @@ import prudent
 run = prudent.init(name="monitor-burst-skip", config={"lr": 0.05, "epochs": 6})
 x, y = blobs(n=3584 + 512)
 train_loader, val_loader = loaders(x, y)
-ONSET, BURST = 300, 3
+# benchmarks/monitor.py plays the burst's length, scale and onset (of 672 steps) through these
+ONSET = int(os.environ.get("MONITOR_ONSET", "300"))
+BURST = int(os.environ.get("MONITOR_BURST", "3"))
+SCALE = float(os.environ.get("MONITOR_SCALE", "50"))
 
 
 def spoil(step, batch):
     x, y = batch
-    return (x * 50, y) if ONSET <= step < ONSET + BURST and not HEALTHY else (x, y)
+    return (x * SCALE, y) if ONSET <= step < ONSET + BURST and not HEALTHY else (x, y)
 
 
 model = mlp()
