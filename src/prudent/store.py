@@ -266,7 +266,8 @@ class _SlowCalls:
             for url in sorted(slow):
                 print(f"prudent: waiting for the run store {url} for {self.SLOW_S:.0f} s now: "
                       "another process holds its lock (a sqlite3 shell, a backup, a long "
-                      "write) or its server does not answer; training goes on where it can",
+                      "write) or its server does not answer; prudent waits for it (a run "
+                      "under way keeps training meanwhile)",
                       file=sys.stderr, flush=True)
 
 

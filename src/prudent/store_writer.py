@@ -264,10 +264,6 @@ class NullWriter:
     def __init__(self) -> None:
         self.latest: dict[str, float] = {}
         self._listeners: list[WriterListener] = []
-        # where rows the store never took go instead of being lost (the run's record beside
-        # its checkpoints: ``prudent.record.sync``); None: they are dropped, counted
-        self.journal: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
-        self.num_journaled = 0
 
     def add_listener(self, listener: WriterListener) -> None:
         self._listeners.append(listener)  # told nothing; closed with the writer
