@@ -23,13 +23,13 @@ STEPS = 300
 
 def fill(disk: Path) -> Path:
     filler = disk / "filler"
-    with open(filler, "wb") as out:
-        try:
+    try:
+        with open(filler, "wb") as out:
             while True:
                 out.write(b"\0" * 65536)
                 out.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC
+    except OSError as exc:  # full (the store's own files may have filled it first)
+        assert exc.errno == errno.ENOSPC
     return filler
 
 
@@ -43,18 +43,23 @@ def wait_for(process: subprocess.Popen[str], line: str) -> None:
 @pytest.mark.slow
 def test_a_full_disk_under_the_store_changes_nothing_of_how_the_run_ends(
         project: Project, tmp_path: Path) -> None:
-    small_disk = mounted_tmpfs(tmp_path / "disk", "3m")
+    small_disk = mounted_tmpfs(tmp_path / "disk", "16m")  # room for the store's WAL (4 MB)
     project.env.update({"PRUDENT_HOME": str(small_disk / "home"), "PRUDENT_CONSOLE": "off",
                         "PRUDENT_CHECKPOINT_URL": str(project.path / "checkpoints")})
     command = [sys.executable, "-m", "prudent", "run", "--run-id", "full", "--", sys.executable,
                script("store_outage_train.py"), str(STEPS)]
     first = subprocess.Popen(command, cwd=project.path, env=project.env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_for(first, "STEP 50")
-    filler = fill(small_disk)
-    wait_for(first, "STEP 150")
-    first.send_signal(signal.SIGTERM)
-    _, err = first.communicate(timeout=120)
+    try:
+        wait_for(first, "STEP 50")
+        filler = fill(small_disk)
+        wait_for(first, "STEP 150")
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=120)
+    finally:  # whatever failed, no process of this test outlives it
+        if first.poll() is None:
+            first.kill()
+            first.communicate(timeout=60)
     assert first.returncode == 75, err  # preempted, as if the store were fine
     assert "Traceback" not in err, err
     assert "kept in the run's record beside its checkpoints" in err
@@ -62,7 +67,7 @@ def test_a_full_disk_under_the_store_changes_nothing_of_how_the_run_ends(
             for p in root.rglob("*") if p.is_file() and (p.stat().st_size == 0 or ".tmp" in p.name)]
     assert left == []  # no cut-short profile.json, no temporary file
 
-    filler.unlink()
+    filler.unlink(missing_ok=True)
     second = project.prudent("run", "--run-id", "full", "--", sys.executable,
                              script("store_outage_train.py"), str(STEPS), timeout=300)
     assert second.returncode == 0, second.stderr

@@ -45,16 +45,28 @@ def test_memory_growth_projects_the_out_of_memory_and_acts_within_the_horizon() 
     found = None
     for i in range(1, 21):  # 2 MB a step, a step every 0.1 s: 20 MB/s against 3 GB left
         found = found or rule.check(Window(memory=[memory(5 * i, 500 + 10 * i, 0.5 * i, 3000)]))
-    assert found is not None and found.step == 30  # 6 samples in (half the window), OOM soon
+    # a run's first 50 steps are its start-up, not projected: the window fills (12 samples,
+    # 110 MB), with the projection in the message
+    assert found is not None and found.step == 60
     assert "run out in about 2.5 min (within the 10 min horizon)" in found.message
 
 
+def test_a_leak_after_the_start_up_is_projected_from_half_the_window() -> None:
+    rule = MemoryGrowthRule(MemoryGrowthRule.Settings(warmup_steps=0, horizon_s="10min"))
+    rule.fit(448)  # window: 12 samples
+    found = None
+    for i in range(1, 21):  # the same 2 MB a step, from step 55 on
+        found = found or rule.check(Window(memory=[memory(50 + 5 * i, 500 + 10 * i, 0.5 * i,
+                                                          3000)]))
+    assert found is not None and found.step == 80  # 6 samples in (half the window), OOM soon
+
+
 def test_growth_late_in_a_run_that_ends_before_the_projected_oom_does_not_stop_it() -> None:
-    def fires_at(planned: int, available_mb: float, mb_per_sample: float = 0.8) -> int | None:
+    def fires_at(planned: int, available_mb: float, first: int = 0) -> int | None:
         rule = MemoryGrowthRule(MemoryGrowthRule.Settings(warmup_steps=0))
         rule.fit(planned)
-        for i in range(1, 12):  # every 6 steps of 10 ms: 0.8 MB is 13 MB/s, 8 MB by step 66
-            window = Window(memory=[memory(6 * i, 350 + mb_per_sample * i, 0.06 * i,
+        for i in range(1, 12):  # every 6 steps of 10 ms: 0.8 MB is 13 MB/s, 8 MB by 11 samples
+            window = Window(memory=[memory(first + 6 * i, 350 + 0.8 * i, 0.06 * i,
                                            available_mb)], planned_steps=planned, step_s=0.01)
             found = rule.check(window)
             if found is not None:
@@ -63,13 +75,12 @@ def test_growth_late_in_a_run_that_ends_before_the_projected_oom_does_not_stop_i
 
     # a 72-step run's start-up growth: OOM projected in ~27 min, the run ends in 0.06 s
     assert fires_at(72, 22_000) is None
-    # in a long run, 8 MB of a 350 MB process in its first 0.66 s is its start (the monitor's
-    # first samples' buffers), not a trend to project over half an hour: several runs in one
-    # process each stopped at their start
+    # in a long run the same 8 MB in its first 66 steps is its start (the monitor's first
+    # samples' buffers), not a trend to project over half an hour: several runs in one process
+    # each stopped at their start
     assert fires_at(5000, 22_000) is None
-    # three times that growth: by step 54, 19 MB, 5% of the process: a leak, stopped within
-    # the horizon
-    assert fires_at(5000, 22_000, mb_per_sample=2.4) == 54
+    # the same growth after the start-up: a leak, stopped within the horizon
+    assert fires_at(5000, 22_000, first=60) == 126
     # late in the run, but memory runs out before its end (0.5 MB left at 13 MB/s: 0.04 s)
     assert fires_at(72, 0.5) == 66
 

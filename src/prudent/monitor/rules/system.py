@@ -22,7 +22,7 @@ from prudent.units import parse_duration_s
 __all__ = ["MemoryGrowthRule", "StalledRule"]
 
 _MB = 1 << 20
-_PROJECTED_SHARE = 0.05  # growth of this share of memory in use before it is projected
+_START_UP_STEPS = 50  # samples from before this step are not projected (a run's start-up)
 _LAST_STRETCH = 0.2  # the part of a planned run where growth that will not crash it is let be
 
 
@@ -139,12 +139,12 @@ class MemoryGrowthRule(Rule):
             return None
         per_s = _slope_per_s(series)
         to_oom = left / per_s if left is not None and per_s > 0 else None
-        # a projection needs growth that matters against what the process holds or what is
-        # left: the first layer samples' buffers (10 MB of 360 MB in 0.3 s of a fast loop)
-        # projected over the horizon stopped a healthy run at its start, every run of several
-        # in one process (a notebook)
-        matters = grown >= _PROJECTED_SHARE * first or (left is not None and grown >= left / 10)
-        soon = (to_oom is not None and to_oom <= s.horizon_s and grown >= 8 * _MB and matters
+        # a run's start-up is no trend to project: the first layer samples' buffers (10 MB of
+        # a fast loop's first 0.3 s, steps 15-45) projected an OOM within the horizon and
+        # stopped a healthy run at its start, every run of several in one process (a
+        # notebook); unless that growth is already a tenth of the memory left
+        settled = first_step >= _START_UP_STEPS or (left is not None and grown >= left / 10)
+        soon = (to_oom is not None and to_oom <= s.horizon_s and grown >= 8 * _MB and settled
                 and len(series) >= max(3, s.window // 2))
         if not soon and (len(series) < s.window or grown < s.min_growth_mb * _MB):
             return None
