@@ -80,7 +80,7 @@ def test_when_prudent_resumed_too_its_resume_wins_and_says_so(
     assert "(prudent's resume wins)" in err and len(events(run)) == 1
 
 
-def test_pretrained_weights_and_prudents_own_loads_are_not_a_resume(
+def test_pretrained_weights_and_prudents_own_files_are_not_a_resume(
         home: Path, tmp_path: Path, monkeypatch: Any, capsys: pytest.CaptureFixture[str]) -> None:
     weights = tmp_path / "pretrained.pt"
     torch.save(torch.nn.Linear(2, 1).state_dict(), weights)  # a bare state dict
@@ -88,6 +88,10 @@ def test_pretrained_weights_and_prudents_own_loads_are_not_a_resume(
     run = prudent.init(name="own", settings=make_settings(home, console={"mode": "plain"}),
                        exit_on_stop=False)
     torch.load(weights, weights_only=True)
+    restored = run.context.run_dir / "lightning" / "restored" / "last.ckpt"  # an adapter's
+    restored.parent.mkdir(parents=True)  # framework checkpoint, restored by prudent itself
+    torch.save({"state_dict": {}, "epoch": 3, "global_step": 300}, restored)
+    torch.load(restored, weights_only=True)
     with run:
         for _ in run.steps(8):
             run.step()

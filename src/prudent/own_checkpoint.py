@@ -11,13 +11,15 @@ Between ``prudent.init`` and the end of the first step, ``torch.load`` is watche
 loads as before): a file loaded by path whose contents look like a training checkpoint (a dict
 with ``model``/``optimizer``/``state_dict`` and an iteration counter, or both of the first
 two) is named once, on the console and as a ``checkpoint/script_resumed`` event. prudent's own
-loads read streams, not paths, and are not watched.
+loads read streams, and the files under the run's folder (an adapter's framework checkpoint
+that prudent restored) are its own: neither is watched.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.events import Component, EventKind
@@ -44,10 +46,12 @@ class ScriptResumeWatch(Component):
         import torch
 
         original = self._original = torch.load
+        own = run.run_dir.resolve()  # prudent's files: an adapter's framework checkpoint
 
         def load(f: Any, *args: Any, **kwargs: Any) -> Any:
             obj = original(f, *args, **kwargs)
-            if self.loaded is None and isinstance(f, (str, os.PathLike)):
+            if self.loaded is None and isinstance(f, (str, os.PathLike)) \
+                    and own not in Path(f).resolve().parents:
                 self.loaded = _training_checkpoint(os.fspath(f), obj)
             return obj
 
