@@ -147,8 +147,13 @@ def test_a_lasting_spike_is_rolled_back_past_its_data(tmp_path: Path) -> None:
     run, events, _ = run_with(tmp_path / ".prudent",
                               lambda step, x: -x if 101 <= step <= 112 else x,
                               checkpoints=True, actions={"rollback": {"skip_batches": 8}})
-    assert run.status == "completed" and run.state.step == 6 * 32 - 8  # 8 batches skipped
-    (rollback,) = [e for e in events if e["name"] == "rollback"]
+    rollbacks = [e for e in events if e["name"] == "rollback"]
+    # 8 batches skipped by each rollback. The corrupted stretch is steps 101-112 by the step
+    # counter, which goes on: when checks fall early (a loaded machine), the 8 skipped batches
+    # end before step 112 and the rest of the stretch is a second spike, rolled back too
+    assert len(rollbacks) in (1, 2), rollbacks
+    assert run.status == "completed" and run.state.step == 6 * 32 - 8 * len(rollbacks)
+    rollback = rollbacks[0]
     assert rollback["payload"]["checkpoint_step"] == 96  # the newest from before step 101 (epoch end)
     assert rollback["payload"]["spike_step"] == 101
     assert "skipping the next 8 batches" in rollback["message"]
