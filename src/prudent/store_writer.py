@@ -50,7 +50,6 @@ class StoreWriter:
         # where rows the store never took go instead of being lost (the run's record beside
         # its checkpoints: ``prudent.record.sync``); None: they are dropped, counted
         self.journal: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
-        self.num_journaled = 0
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
@@ -181,7 +180,6 @@ class StoreWriter:
             except Exception as exc:  # noqa: BLE001 - the journal failed too: counted below
                 log.warning("prudent: the run's journal could not be written either (%s)", exc)
             else:
-                self.num_journaled += len(metric_rows) + len(event_rows)
                 log.warning("prudent: %d metric rows and %d events the run store did not take "
                             "(%s) are kept in the run's record beside its checkpoints; the "
                             "next start imports them", len(metric_rows), len(event_rows), why)

@@ -94,11 +94,6 @@ def picked_up_sinks(info: RunInfo) -> list[TrackerSink]:
     return [MlflowSink(MlflowSettings(tracking_uri=tracking_uri), info, active_run_id=run_id)]
 
 
-def any_tracker(settings: TrackingSettings) -> bool:
-    return any(s is not None and s.enabled
-               for s in (settings.tensorboard, settings.mlflow, settings.wandb))
-
-
 def build_sinks(settings: TrackingSettings, info: RunInfo) -> list[TrackerSink]:
     """The configured trackers' sinks (each imports its library here, not before)."""
     sinks: list[TrackerSink] = []
