@@ -2,8 +2,10 @@
 
 For model + AdamW states of about 50, 200 and 800 MB, each repetition saves the same state
 with: plain ``torch.save`` (what most loops do: no fsync, no checksum), prudent synchronous
-(staged, fsynced, renamed, checksummed, read back), prudent asynchronous (the loop only
-copies tensors to host memory; the rest runs in the background), and
+(the model and optimizer through DCP's state-dict API and written as DCP shards, the rest in
+``state.pt``: staged, fsynced, renamed, checksummed, read back), prudent asynchronous (the
+loop takes the state dicts and copies their tensors to host memory; the rest runs in the
+background), and
 ``torch.distributed.checkpoint.async_save`` when it runs here. Between repetitions the
 optimizer takes a step, so every save writes new values. Prints the median blocked time per
 method and the ratio to ``torch.save``; writes JSON.
@@ -29,8 +31,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from prudent.checkpoint.storage import LocalStorage
+from prudent.checkpoint.sharded import dcp_entries, module_pairs
+from prudent.checkpoint.storage import LocalStorage, checkpoint_name
 from prudent.checkpoint.writer import CheckpointWriter
+
+Save = Callable[[torch.nn.Module, torch.optim.Optimizer, int], tuple[float, Callable[[], None]]]
 
 
 def make_state(size_mb: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -55,25 +60,36 @@ def state_of(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, An
     return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
 
-def methods(folder: Path) -> dict[str, Callable[[dict[str, Any], int], tuple[float, Callable[[], None]]]]:
-    """name -> save(state, rep) returning (blocked seconds, wait-until-durable)."""
+def methods(folder: Path) -> dict[str, Save]:
+    """name -> save(model, optimizer, rep) returning (blocked seconds, wait-until-durable)."""
     sync = CheckpointWriter(LocalStorage(folder / "sync"), keep=1, asynchronous=False)
     asyn = CheckpointWriter(LocalStorage(folder / "async"), keep=1, asynchronous=True)
 
-    def torch_save(state: dict[str, Any], rep: int) -> tuple[float, Callable[[], None]]:
+    def torch_save(model: torch.nn.Module, opt: torch.optim.Optimizer,
+                   rep: int) -> tuple[float, Callable[[], None]]:
         started = time.perf_counter()
-        torch.save(state, folder / "plain.pt")
+        torch.save(state_of(model, opt), folder / "plain.pt")
         return time.perf_counter() - started, lambda: None
 
-    def prudent_sync(state: dict[str, Any], rep: int) -> tuple[float, Callable[[], None]]:
+    def prudent(writer: CheckpointWriter, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                rep: int) -> Any:
+        """What the checkpointer does on the training thread, then the writer's save."""
+        folder = checkpoint_name(rep) + ".shards"
+        tensors, kept = dcp_entries(module_pairs({"model": model, "optimizer": opt},
+                                                 saving=True), folder)
+        return writer.save(rep, {"objects": kept}, {}, shards=folder, tensors=tensors)
+
+    def prudent_sync(model: torch.nn.Module, opt: torch.optim.Optimizer,
+                     rep: int) -> tuple[float, Callable[[], None]]:
         started = time.perf_counter()
-        result = sync.save(rep, state, {})
+        result = prudent(sync, model, opt, rep)
         assert result is not None and result.error is None, result
         return time.perf_counter() - started, lambda: None
 
-    def prudent_async(state: dict[str, Any], rep: int) -> tuple[float, Callable[[], None]]:
+    def prudent_async(model: torch.nn.Module, opt: torch.optim.Optimizer,
+                      rep: int) -> tuple[float, Callable[[], None]]:
         started = time.perf_counter()
-        asyn.save(rep, state, {})
+        prudent(asyn, model, opt, rep)
         blocked = time.perf_counter() - started
 
         def durable() -> None:
@@ -88,7 +104,7 @@ def methods(folder: Path) -> dict[str, Callable[[dict[str, Any], int], tuple[flo
     return found
 
 
-def _dcp_async(folder: Path) -> Callable[[dict[str, Any], int], tuple[float, Callable[[], None]]] | None:
+def _dcp_async(folder: Path) -> Save | None:
     try:
         import torch.distributed.checkpoint as dcp
 
@@ -98,9 +114,10 @@ def _dcp_async(folder: Path) -> Callable[[dict[str, Any], int], tuple[float, Cal
         print(f"dcp.async_save not measured: {type(exc).__name__}: {exc}")
         return None
 
-    def save(state: dict[str, Any], rep: int) -> tuple[float, Callable[[], None]]:
+    def save(model: torch.nn.Module, opt: torch.optim.Optimizer,
+             rep: int) -> tuple[float, Callable[[], None]]:
         started = time.perf_counter()
-        future = dcp.async_save(state, checkpoint_id=str(folder / f"dcp-{rep}"))
+        future = dcp.async_save(state_of(model, opt), checkpoint_id=str(folder / f"dcp-{rep}"))
         return time.perf_counter() - started, lambda: future.result()
     return save
 
@@ -115,7 +132,7 @@ def measure(size_mb: int, reps: int) -> dict[str, Any]:
             order = list(save_by)[rep % len(save_by):] + list(save_by)[:rep % len(save_by)]
             for name in order:
                 step(model, opt)
-                seconds, durable = save_by[name](state_of(model, opt), rep)
+                seconds, durable = save_by[name](model, opt, rep)
                 durable()
                 if rep:
                     blocked[name].append(seconds)

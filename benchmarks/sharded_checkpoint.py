@@ -3,7 +3,8 @@
 Three ways, in one torchrun job, each repeated and timed on every rank:
 
 - ``rank0``: prudent's writer on rank 0 with a DDP model (every rank holds all of it; rank 0
-  copies it to host memory, a background thread writes it): what DDP runs use;
+  takes its state dicts through DCP's state-dict API and copies their tensors to host memory,
+  a background thread writes them as DCP shards, once): what DDP runs use;
 - ``dcp``: ``torch.distributed.checkpoint.save`` of an FSDP2 model's and optimizer's shards,
   every rank writing its own (what prudent does for sharded state): the loop waits for the
   whole write;
@@ -105,7 +106,8 @@ def save_rank0(args: argparse.Namespace, folder: Path,
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from prudent.checkpoint.storage import LocalStorage
+    from prudent.checkpoint.sharded import dcp_entries, module_pairs
+    from prudent.checkpoint.storage import LocalStorage, checkpoint_name
     from prudent.checkpoint.writer import CheckpointWriter
 
     model = DistributedDataParallel(_model(args))
@@ -118,8 +120,11 @@ def save_rank0(args: argparse.Namespace, folder: Path,
         started = time.perf_counter()
         stall = done = 0.0
         if dist.get_rank() == 0:
-            writer.save(step, {"model": model.module.state_dict(),
-                               "optimizer": optimizer.state_dict()}, {"run_id": "bench"})
+            shards = checkpoint_name(step) + ".shards"  # what the checkpointer does
+            tensors, kept = dcp_entries(module_pairs({"model": model, "optimizer": optimizer},
+                                                     saving=True), shards)
+            writer.save(step, {"objects": kept}, {"run_id": "bench"}, shards=shards,
+                        tensors=tensors)
             stall = time.perf_counter() - started
             writer.wait()
             done = time.perf_counter() - started

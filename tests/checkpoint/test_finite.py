@@ -85,4 +85,5 @@ def test_a_periodic_save_after_the_weights_went_nan_is_refused_with_an_event(tmp
     assert [e["step"] for e in refused] == [20, 30]
     assert "0.weight holds NaN or infinite values" in refused[0]["message"]
     kept = sorted(p.name for p in (home / "runs" / run.id / "checkpoints").glob("ckpt-*"))
-    assert kept == ["ckpt-0000000010"]  # the newest good one survived keep=1
+    # the newest good one survived keep=1, with its model's shards; a refused save wrote none
+    assert kept == ["ckpt-0000000010", "ckpt-0000000010.shards"]

@@ -6,6 +6,10 @@ position, the RNG states, and every component's state. It is restored when the r
 (counters), when each object is attached (its state), and when training resumes (RNG and
 data position, see ``prudent.data``).
 
+Models and their optimizers are saved through DCP in every parallelism
+(``prudent.checkpoint.sharded``): rank 0's writer writes replicated state (one process, DDP)
+once; with sharded (FSDP2) state every rank writes its own shards.
+
 Under torchrun every rank takes part in each save, at the same step: rank 0's schedule
 proposes a periodic save, the ranks agree on it at the next step (``prudent.distributed``),
 and each rank hands its own generators and epoch position to rank 0, which writes the files
@@ -20,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TextIO
 
+import torch
+
 from prudent.checkpoint.objects import check_saveable, restore_object, state_of
 from prudent.checkpoint.portable import (
     needs_translation,
@@ -33,6 +39,7 @@ from prudent.checkpoint.settings import CheckpointSettings
 from prudent.checkpoint.sharded import (
     SHARDS_SUFFIX,
     corrupted_shards,
+    dcp_entries,
     holds_shards,
     is_sharded_entry,
     load_sharded,
@@ -79,7 +86,9 @@ class Checkpointer(Component):
         self.resumed_hosts: list[str] | None = None  # each rank's machine, as saved
         self.cannot_restore: str | None = None  # why restore() put nothing back, if not age
         self._saved_objects: dict[str, Any] = {}
+        self._waiting_for_model: dict[str, Any] = {}  # optimizers' shards, until their model
         self._saved_shards: dict[str, dict[str, Any]] = {}  # the resumed one's: file -> hash
+        self._shards_checked = False  # ... all hashed already (one process wrote them)
         self._last_position: tuple[int, int, int] | None = None
         self._sync_save_s: float | None = None
         self._writing = False  # a background write was started and its result not yet read
@@ -116,6 +125,7 @@ class Checkpointer(Component):
             self._no_usable_checkpoint(run, len(loaded.skipped))
             return
         self._saved_shards = loaded.shards
+        self._shards_checked = loaded.shards_checked
         self._resume(run, loaded.name, loaded.payload)
         self.writer.pinned = set(self.pinned.values())
 
@@ -164,13 +174,20 @@ class Checkpointer(Component):
                 sharded[key] = saved
             else:  # saved whole: into this object, whatever wraps or shards it now
                 _restore_whole(run, key, obj, saved)
+        sharded.update(self._waiting_for_model)
+        self._waiting_for_model = {}
+        pairs = module_pairs(run.objects)
+        if not any(isinstance(obj, torch.nn.Module) for obj in run.objects.values()):
+            # an optimizer attached before its model: its state is read with the model's
+            self._waiting_for_model = {k: v for k, v in sharded.items() if k not in pairs}
+            sharded = {k: v for k, v in sharded.items() if k in pairs}
         if sharded:
-            self._restore_shards(run, sharded)
+            self._restore_shards(run, sharded, pairs)
 
-    def _restore_shards(self, run: RunContext, saved: dict[str, Any]) -> None:
+    def _restore_shards(self, run: RunContext, saved: dict[str, Any],
+                        pairs: dict[str, Any]) -> None:
         """Every rank reads its shards back (a collective: every rank attaches alike), into
         sharded objects or whole ones (a job resumed on one process, or under DDP)."""
-        pairs = module_pairs(run.objects)
         missing = sorted(set(saved) - set(pairs))
         if missing:
             raise ConfigError(
@@ -185,6 +202,8 @@ class Checkpointer(Component):
         """Every rank hashes its share of the shard files (and DCP's pickled index, which it
         is about to unpickle) against the manifest; all ranks refuse alike when one differs."""
         assert self.storage is not None
+        if self._shards_checked:
+            return
         if not self._saved_shards:
             raise ConfigError(f"{self.resumed_from}'s manifest lists no hashes of its shards in "
                               f"{folder}: prudent loads only shards it can check (DCP's index is "
@@ -283,8 +302,8 @@ class Checkpointer(Component):
         if self.writer is not None:
             self.writer.wait()
             self._report(run, self.writer.completed())
-        if self._saved_objects:
-            missing = ", ".join(sorted(self._saved_objects))
+        if self._saved_objects or self._waiting_for_model:
+            missing = ", ".join(sorted({**self._saved_objects, **self._waiting_for_model}))
             run.record_event(EventKind.CHECKPOINT, "not_restored", f"the checkpoint holds {missing} but "
                              "the script never attached it: attach it with run.attach(...)")
 
@@ -300,9 +319,10 @@ class Checkpointer(Component):
         state = run.state
         started = time.perf_counter()
         every_rank = every_rank and _ranks_agree(run)
-        # sharded state (FSDP2): every rank writes its own shards, beside the checkpoint
+        folder = checkpoint_name(state.step) + SHARDS_SUFFIX  # models' state, beside it
+        # sharded state (FSDP2): every rank writes its own shards (and the replicated ones)
         sharded = self._sharded_to_save(run, every_rank)
-        kept, shards_written = (self._save_shards(run, sharded, state.step, synchronous)
+        kept, shards_written = (self._save_shards(run, folder, state.step, synchronous)
                                 if sharded else ({}, None))
         parts = run.rank_group.gather_to_main(rank_state(run)) if every_rank else None
         if self.read_only:
@@ -310,6 +330,9 @@ class Checkpointer(Component):
                 self._last_position = (state.step, state.epoch, state.batches_in_epoch)
                 self.schedule.saved(state.step)
             return
+        tensors: dict[str, Any] | None = None  # replicated state: this writer writes it once
+        if not sharded:
+            tensors, kept = dcp_entries(module_pairs(run.objects, saving=True), folder)
         self._last_position = (state.step, state.epoch, state.batches_in_epoch)
         # the training thread builds the payload: cheap for a module's state_dict (references),
         # milliseconds for an adapter's framework checkpoint (serialised here): the loop's
@@ -331,8 +354,8 @@ class Checkpointer(Component):
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
                                   prepared_s=prepared_s, before_commit=shards_written,
-                                  shards=checkpoint_name(state.step) + SHARDS_SUFFIX
-                                  if sharded else None)
+                                  shards=folder if sharded or tensors else None,
+                                  tensors=tensors)
         if result is None:  # written in the background: its end is reported at a step's end,
             self._writing = True  # so a save made while asleep (at an epoch's end) wakes it
             run.sleep_until(self, state.step + 1)
@@ -348,10 +371,11 @@ class Checkpointer(Component):
                               "on one rank alone cannot hold it")
         return sharded
 
-    def _save_shards(self, run: RunContext, sharded: dict[str, Any], step: int,
+    def _save_shards(self, run: RunContext, folder: str, step: int,
                      synchronous: bool) -> tuple[dict[str, Any], Callable[[], None] | None]:
-        """Start this rank's part of the shards (one write in flight per rank); returns what
-        ``state.pt`` keeps and, for rank 0's writer, what to wait for before the manifest."""
+        """Start this rank's part of the shards of every model and optimizer (one write in
+        flight per rank); returns what ``state.pt`` keeps and, for rank 0's writer, what to
+        wait for before the manifest."""
         self.wait_for_shards()
         asynchronous = self.settings.mode == "async"
         group = _group_of(run)
@@ -362,7 +386,7 @@ class Checkpointer(Component):
                 self._shards_group = dist.new_group(backend="gloo")
             group = self._shards_group
         assert self.storage is not None
-        kept, future = save_sharded(sharded, self.storage, checkpoint_name(step) + SHARDS_SUFFIX,
+        kept, future = save_sharded(module_pairs(run.objects, saving=True), self.storage, folder,
                                     group, asynchronous=asynchronous)
         self._shards_future = future
         if future is None:
@@ -426,23 +450,44 @@ class Checkpointer(Component):
                 continue
             if not_before is not None and step < not_before:
                 return None  # the rest are older still
-            payload = load_checkpoint(self.storage, candidate)
-            if payload is None:
+            loaded = load_checkpoint(self.storage, candidate)
+            if loaded is None:
                 continue
-            if any(is_sharded_entry(saved) for saved in payload["objects"].values()):
+            if any(holds_shards(obj) for obj in run.objects.values()):
                 # every rank would have to read its shards at once, and the ranks do not
                 # decide a rollback together: nothing put back rather than half of it
                 self.cannot_restore = ("the model is sharded (FSDP2): its shards are only read "
                                        "back by every rank together, at a resume")
                 return None
-            for key, obj in run.objects.items():
-                if key in payload["objects"]:
-                    restore_object(obj, payload["objects"][key])
+            saved = {k: v for k, v in loaded.payload["objects"].items() if k in run.objects}
+            in_shards = {k: v for k, v in saved.items() if is_sharded_entry(v)}
+            if in_shards and not self._read_shards_alone(run, loaded, in_shards):
+                continue
+            for key, value in saved.items():
+                if key not in in_shards:
+                    restore_object(run.objects[key], value)
             run.record_event(EventKind.CHECKPOINT, "restored", f"{', '.join(run.objects)} put "
                              f"back as they were at step {step} ({candidate}), at step "
                              f"{run.state.step}", checkpoint=candidate, checkpoint_step=step)
             return candidate, step
         return None
+
+    def _read_shards_alone(self, run: RunContext, loaded: Any, saved: dict[str, Any]) -> bool:
+        """This process reads a checkpoint's replicated state back without the other ranks
+        (a rollback, early stopping's best); False when its files are not the manifest's."""
+        assert self.storage is not None
+        folder = shards_folder_of(saved)
+        bad = [] if loaded.shards_checked else \
+            corrupted_shards(self.storage, folder, loaded.shards, 0, 1) if loaded.shards else [folder]
+        if bad:
+            run.record_event(EventKind.CHECKPOINT, "skipped", f"{loaded.name} is corrupted: "
+                             f"{', '.join(bad)} differs from its manifest; trying an older one",
+                             checkpoint=loaded.name)
+            return False
+        pairs = module_pairs(run.objects)
+        load_sharded({k: pairs[k] for k in saved if k in pairs}, saved, self.storage, None,
+                     alone=True)
+        return True
 
     def state_dict(self) -> dict[str, Any]:
         return {"pinned": dict(self.pinned)}

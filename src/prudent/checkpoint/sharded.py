@@ -1,28 +1,35 @@
-"""State held in shards (FSDP2: DTensor parameters and optimizer state) goes through
-``torch.distributed.checkpoint`` (DCP).
+"""Models and optimizers are saved through ``torch.distributed.checkpoint`` (DCP), whatever
+their parallelism: one process, DDP or FSDP2.
 
-No rank holds an FSDP2 model whole, so rank 0 alone cannot save it (copying its DTensors
-failed; gathering them is a collective every rank must join). At a save every rank takes
-part in anyway (``prudent.checkpoint.manager``), each rank writes its own shards with
-``dcp.save`` into ``<checkpoint>.shards`` beside the checkpoint folder, and the checkpoint's
-``state.pt`` names that folder; its manifest, written last, is still the commit marker (DCP's
-own ``.metadata`` is written after every rank's shards, before rank 0 writes the manifest).
-A load reshards to the world it resumes on (DCP's resharding), so 2 ranks' shards load on 1
-or 4. Model and optimizer go through ``torch.distributed.checkpoint.state_dict``, whose keys are
-parameter names: the optimizer's plain numbers (learning rate, betas) stay in ``state.pt``,
-only tensors are in the shards. The manifest lists every shard file with its size and
-sha256 (rank 0 hashes them once they are durable, before the manifest commits them): a
+Their state is taken with ``torch.distributed.checkpoint.state_dict``, whose keys are a
+parameter's own names (no ``module.`` of DDP, no ``_orig_mod.`` of ``torch.compile``, the
+optimizer's state by parameter name, not position), and its tensors are written with DCP into
+``<checkpoint>.shards`` beside the checkpoint folder; the checkpoint's ``state.pt`` names that
+folder and keeps the plain numbers (learning rate, betas) and everything else (schedulers,
+counters, generators). Who writes the shards is the only difference:
+
+- state held in shards (FSDP2: DTensor parameters): no rank holds the model whole, so every
+  rank writes its own shards (``dcp.async_save``, a collective at a save every rank takes
+  part in, ``prudent.checkpoint.manager``);
+- replicated state (DDP) and one process: the state is whole on rank 0, so rank 0's writer
+  thread writes it once from its host copy (``dcp.save(no_dist=True)``); the loop's stall is
+  that copy alone, and rollbacks and ``keep`` need no other rank.
+
+The manifest, written last, is the commit marker (DCP's own ``.metadata`` is written after the
+shards, before the manifest). It lists every shard file with its size and sha256: a
 checkpoint whose shards are missing or cut short is skipped like one without a manifest, and
-before a load every rank checks the hashes of its share of the files and of DCP's
-``.metadata``, which DCP unpickles: prudent unpickles only what it wrote. The shards go
-through DCP's file-system writer locally and its fsspec writer on an object store, opened
-like the rest of the location.
+before a load the files are hashed again against it, DCP's ``.metadata`` included, which DCP
+unpickles: prudent unpickles only what it wrote. A load reshards to the world it resumes on
+(DCP's resharding), so 2 ranks' shards load on 1 or 4, and shards load into a model that is
+not sharded (``prudent.checkpoint.portable``). The shards go through DCP's file-system writer
+locally and its fsspec writer on an object store, opened like the rest of the location.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,9 +39,9 @@ from prudent.errors import ConfigError
 if TYPE_CHECKING:
     from prudent.checkpoint.storage import CheckpointStorage
 
-__all__ = ["SHARDS_SUFFIX", "corrupted_shards", "holds_shards", "is_sharded_entry",
+__all__ = ["SHARDS_SUFFIX", "corrupted_shards", "dcp_entries", "holds_shards", "is_sharded_entry",
            "load_sharded", "missing_shards", "module_pairs", "owner_of", "save_sharded",
-           "shard_digests", "sharded_objects", "shards_folder_of"]
+           "shard_digests", "sharded_objects", "shards_folder_of", "write_shards"]
 
 SHARDS_SUFFIX = ".shards"
 METADATA_FILE = ".metadata"  # DCP's index of the shards (pickled)
@@ -56,24 +63,55 @@ def holds_shards(obj: Any) -> bool:
 
 
 def sharded_objects(objects: dict[str, Any]) -> dict[str, tuple[torch.nn.Module, Any]]:
-    """``key -> (module, optimizer or None)`` for the attached objects saved through DCP: the
-    sharded modules, and each optimizer of their parameters (paired with its module)."""
+    """``key -> (module, optimizer or None)`` for the attached sharded (FSDP2) modules and each
+    optimizer of their parameters: when there are any, every rank writes its shards."""
     return module_pairs(objects, sharded_only=True)
 
 
-def module_pairs(objects: dict[str, Any], sharded_only: bool = False
-                 ) -> dict[str, tuple[torch.nn.Module, Any]]:
+def module_pairs(objects: dict[str, Any], sharded_only: bool = False, *,
+                 saving: bool = False) -> dict[str, tuple[torch.nn.Module, Any]]:
     """``key -> (module, optimizer or None)`` for every attached model (or every sharded one)
-    and each optimizer of its parameters: what DCP saves from or reads shards into."""
+    and each optimizer of its parameters: what DCP saves from or reads shards into.
+
+    ``saving``: only what DCP's state-dict API takes as it is: a model with some state, and an
+    optimizer that has stepped (the API would take a step of learning rate 0 to create the
+    state of one that has not, which changes Adam's step count) and updates that model's
+    parameters alone. The rest is saved whole, as ``state_dict()`` gives it."""
     modules = {key: obj for key, obj in objects.items()
-               if isinstance(obj, torch.nn.Module) and (not sharded_only or holds_shards(obj))}
+               if isinstance(obj, torch.nn.Module) and (not sharded_only or holds_shards(obj))
+               and not (saving and not obj.state_dict())}
     found: dict[str, tuple[torch.nn.Module, Any]] = {k: (m, None) for k, m in modules.items()}
     for key, obj in objects.items():
         if isinstance(obj, torch.optim.Optimizer):
-            owner = owner_of(obj, modules.values())
-            if owner is not None:
+            owner = owner_of(obj, modules.values(), whole=saving)
+            if owner is not None and not (saving and not obj.state):
                 found[key] = (owner, obj)
     return found
+
+
+def dcp_entries(objects: dict[str, tuple[torch.nn.Module, Any]], folder: str
+                ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The tensors DCP writes for ``objects`` (``<key>/<name>``, references to the live ones)
+    and what ``state.pt`` keeps for each key (the folder's name and the plain numbers)."""
+    tensors: dict[str, torch.Tensor] = {}
+    kept: dict[str, Any] = {}
+    for key, (module, optimizer) in objects.items():
+        state = _state_dict(module, optimizer)
+        tensors.update({f"{key}/{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
+        kept[key] = {_MARK: folder,
+                     "plain": {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}}
+    return tensors, kept
+
+
+def write_shards(storage: CheckpointStorage, folder: str, tensors: dict[str, torch.Tensor]) -> None:
+    """One process writes whole (replicated) state as DCP shards: rank 0's writer thread, no
+    collective (``no_dist``), into a folder emptied first (a failed earlier write's files
+    would be listed in the manifest)."""
+    import torch.distributed.checkpoint as dcp
+
+    storage.delete(folder)
+    _quiet_single_process()
+    dcp.save(tensors, storage_writer=storage.dcp_writer(folder), no_dist=True)
 
 
 def save_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], storage: CheckpointStorage,
@@ -87,13 +125,7 @@ def save_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], storage: Check
     its thread writes them. ``group`` must then be one no other collective uses meanwhile."""
     import torch.distributed.checkpoint as dcp
 
-    tensors: dict[str, Any] = {}
-    kept: dict[str, Any] = {}
-    for key, (module, optimizer) in objects.items():
-        state = _state_dict(module, optimizer)
-        tensors.update({f"{key}/{k}": v for k, v in state.items() if isinstance(v, torch.Tensor)})
-        kept[key] = {_MARK: folder,
-                     "plain": {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}}
+    tensors, kept = dcp_entries(objects, folder)
     writer = storage.dcp_writer(folder)
     if asynchronous:
         return kept, dcp.async_save(tensors, storage_writer=writer, process_group=group)
@@ -154,9 +186,10 @@ def shards_folder_of(saved: dict[str, Any]) -> str:
 
 
 def load_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], saved: dict[str, Any],
-                 storage: CheckpointStorage, group: Any) -> None:
+                 storage: CheckpointStorage, group: Any, alone: bool = False) -> None:
     """Read each object's shards back (resharded to this world) and load them in place; the
-    caller has checked the folder's files against the manifest (:func:`corrupted_shards`)."""
+    caller has checked the folder's files against the manifest (:func:`corrupted_shards`).
+    ``alone``: this process reads without the other ranks (a rollback of replicated state)."""
     import torch.distributed.checkpoint as dcp
 
     folder = shards_folder_of(saved)
@@ -165,8 +198,12 @@ def load_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], saved: dict[st
                if isinstance(v, torch.Tensor)}
     from torch.distributed.checkpoint.api import CheckpointException
 
+    no_dist = alone or (group is None and not _distributed())
+    if no_dist:
+        _quiet_single_process()
     try:
-        dcp.load(tensors, storage_reader=storage.dcp_reader(folder), process_group=group)
+        dcp.load(tensors, storage_reader=storage.dcp_reader(folder),
+                 process_group=None if alone else group, no_dist=no_dist)
     except (Exception, CheckpointException) as exc:  # a BaseException: DCP's own, per rank
         reason = str(exc).strip().splitlines()[-1]
         raise ConfigError(f"cannot read the sharded state at {storage.url}/{folder} ({reason}): the "
@@ -210,13 +247,33 @@ def _flat() -> Any:
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def owner_of(optimizer: Any, modules: Any) -> torch.nn.Module | None:
-    """The module among ``modules`` whose parameters ``optimizer`` updates."""
+def owner_of(optimizer: Any, modules: Any, whole: bool = False) -> torch.nn.Module | None:
+    """The module among ``modules`` whose parameters ``optimizer`` updates (``whole``: that
+    updates none outside it)."""
     params = {id(p) for group in optimizer.param_groups for p in group["params"]}
     for module in modules:
-        if any(id(p) in params for p in module.parameters()):
+        own = {id(p) for p in module.parameters()}
+        if params <= own if whole else bool(params & own):
             return module
     return None
+
+
+_SINGLE_PROCESS = (r"torch\.distributed is disabled, unavailable or uninitialized, assuming the "
+                   r"intent is to (save|load) in a single process")
+
+
+def _quiet_single_process() -> None:
+    """DCP warns at every save and load in one process, which is what prudent asked for:
+    not the user's concern (added once; a filter is process-wide, and the writer's thread
+    cannot use ``catch_warnings``)."""
+    if not any(getattr(f[1], "pattern", None) == _SINGLE_PROCESS for f in warnings.filters):
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS, category=UserWarning)
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def _dtensor_type() -> Any:

@@ -2,8 +2,9 @@
 
 Saving: the training thread takes a snapshot (tensors copied to host memory, so the next
 optimizer step cannot change what is written); a finiteness check (a snapshot holding NaN/inf
-is never committed, see ``finite.py``), serialising, writing, fsync, commit, a read-back
-checksum check and retention run on a background thread, one save in flight at a time (a
+is never committed, see ``finite.py``), writing the models' and optimizers' tensors as DCP
+shards (``sharded.py``) and the rest as ``state.pt``, fsync, commit, a read-back checksum
+check and retention run on a background thread, one save in flight at a time (a
 second save waits for the first: memory stays bounded to one snapshot). In sync mode
 the same steps run on the caller's thread. Loading: newest first; a checkpoint whose manifest
 is missing, whose checksum differs, or that the deserialiser rejects (the error a truncated
@@ -28,7 +29,13 @@ from typing import Any
 import torch
 
 from prudent.checkpoint.finite import first_non_finite
-from prudent.checkpoint.sharded import SHARDS_SUFFIX, missing_shards, shard_digests
+from prudent.checkpoint.sharded import (
+    SHARDS_SUFFIX,
+    corrupted_shards,
+    missing_shards,
+    shard_digests,
+    write_shards,
+)
 from prudent.checkpoint.storage import CheckpointStorage, LocalStorage, checkpoint_name, step_of
 
 __all__ = ["CheckpointWriter", "LoadedCheckpoint", "SaveResult", "host_copy", "load_checkpoint",
@@ -58,6 +65,7 @@ class LoadedCheckpoint:
     payload: dict[str, Any]
     skipped: list[tuple[str, str]]  # (name, why) of newer checkpoints that could not be used
     shards: dict[str, dict[str, Any]] = field(default_factory=dict)  # file -> sha256, bytes
+    shards_checked: bool = False  # every shard file's hash was checked (written by one process)
 
 
 def host_copy(obj: Any) -> Any:
@@ -139,25 +147,27 @@ class CheckpointWriter:
     def save(self, step: int, payload: dict[str, Any], meta: dict[str, Any],
              synchronous: bool = False, prepared_s: float = 0.0,
              before_commit: Callable[[], None] | None = None,
-             shards: str | None = None) -> SaveResult | None:
+             shards: str | None = None,
+             tensors: dict[str, torch.Tensor] | None = None) -> SaveResult | None:
         """Snapshot now; write now (sync, returns the result) or in the background (None).
 
         ``prepared_s``: what building ``payload`` already cost the training thread (part of
         the save's stall). ``before_commit``: waited for before the manifest is written (the
         shards every rank writes in the background: a checkpoint is complete with them).
-        ``shards``: the checkpoint's shards folder, whose files the manifest lists."""
+        ``shards``: the checkpoint's shards folder, whose files the manifest lists;
+        ``tensors``: the whole state this writer writes into it (``sharded.write_shards``)."""
         started = time.perf_counter() - prepared_s
         self.wait()  # at most one save in flight (and the buffers are free again)
         if synchronous or not self.asynchronous:  # the loop waits anyway: serialise live tensors
             return self._write(step, payload, meta, 0.0, synchronous=True, prepared_s=prepared_s,
-                               before_commit=before_commit, shards=shards)
-        snapshot = self._buffers.copy(payload)
+                               before_commit=before_commit, shards=shards, tensors=tensors)
+        snapshot, tensors = self._buffers.copy((payload, tensors))
         self._buffers.synchronize()
         stall_s = time.perf_counter() - started
         self._in_flight = threading.Thread(
             target=lambda: self._results.put(
                 self._write(step, snapshot, meta, stall_s, before_commit=before_commit,
-                            shards=shards)),
+                            shards=shards, tensors=tensors)),
             name="prudent-checkpoint-writer", daemon=True)
         self._in_flight.start()
         return None
@@ -186,28 +196,34 @@ class CheckpointWriter:
     def _write(self, step: int, snapshot: dict[str, Any], meta: dict[str, Any],
                stall_s: float, synchronous: bool = False, prepared_s: float = 0.0,
                before_commit: Callable[[], None] | None = None,
-               shards: str | None = None) -> SaveResult:
+               shards: str | None = None,
+               tensors: dict[str, torch.Tensor] | None = None) -> SaveResult:
         name = checkpoint_name(step)
         result = SaveResult(name=name, step=step, stall_s=stall_s)
         started = time.perf_counter()
         handle = None
         try:
-            result.not_finite = first_non_finite(snapshot)
+            result.not_finite = first_non_finite(snapshot) or first_non_finite(_by_object(tensors))
             if result.not_finite is not None:
                 result.error = f"{result.not_finite} holds NaN or infinite values"
                 result.write_s = time.perf_counter() - started
                 return result
+            if tensors and shards is not None:
+                write_shards(self.storage, shards, tensors)
             handle = self.storage.begin(name)
-            digest, result.num_bytes = self._write_state(handle, snapshot)
+            digest, state_bytes = self._write_state(handle, snapshot)
+            result.num_bytes = state_bytes
             if before_commit is not None:
                 before_commit()
             if shards is not None:  # durable on every rank now: listed, with their hashes
-                meta = {**meta, "shards": {"folder": shards,
-                                           "files": shard_digests(self.storage, shards)}}
-            self._write_manifest(handle, step, digest, result.num_bytes, meta)
+                files = shard_digests(self.storage, shards)
+                meta = {**meta, "shards": {"folder": shards, "files": files,
+                                           "by": "one" if tensors else "every rank"}}
+                result.num_bytes += sum(entry["bytes"] for entry in files.values())
+            self._write_manifest(handle, step, digest, state_bytes, meta)
             result.path = self.storage.commit(handle)
             handle = None
-            self._check_committed(name, result.num_bytes)
+            self._check_committed(name, state_bytes)
             result.deleted = self._retain(newest=name)
         except Exception as exc:  # reported as an event by the manager, never swallowed
             result.error = f"{type(exc).__name__}: {exc}"
@@ -265,8 +281,13 @@ class CheckpointWriter:
                 kept.add(name)
                 continue
             self.storage.delete(name)
-            self.storage.delete(name + SHARDS_SUFFIX)  # its FSDP2 shards, if it had any
+            self.storage.delete(name + SHARDS_SUFFIX)  # its shards, if it had any
             deleted.append(name)
+        for folder in self.storage.names():  # shards of a save that never committed
+            base = folder[:-len(SHARDS_SUFFIX)]
+            if folder.endswith(SHARDS_SUFFIX) and (step_of(base) or newest_step) < newest_step \
+                    and self.storage.read(base, MANIFEST_FILE) is None:
+                self.storage.delete(folder)
         if isinstance(self.storage, LocalStorage):
             self.storage.remove_stale_staging()
         return deleted
@@ -280,51 +301,70 @@ def load_latest(storage: CheckpointStorage) -> LoadedCheckpoint | None:
         if problem is None:
             try:
                 payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
-                return LoadedCheckpoint(name, payload, skipped, shards)
+                return LoadedCheckpoint(name, payload, skipped, *shards)
             except Exception as exc:  # noqa: BLE001 - any deserialiser error means unusable
                 problem = f"cannot be deserialised safely ({type(exc).__name__}: {exc})"
         skipped.append((name, problem))
     return None if not skipped else LoadedCheckpoint("", {}, skipped)
 
 
-def load_checkpoint(storage: CheckpointStorage, name: str) -> dict[str, Any] | None:
-    """One checkpoint's payload if it passes its checks (None otherwise)."""
-    problem, data, _ = _check(storage, name)
+def load_checkpoint(storage: CheckpointStorage, name: str) -> LoadedCheckpoint | None:
+    """One checkpoint if it passes its checks (None otherwise)."""
+    problem, data, shards = _check(storage, name)
     if problem is not None:
         return None
     try:
-        return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        payload = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
     except Exception:  # noqa: BLE001 - any deserialiser error means unusable
         return None
+    return LoadedCheckpoint(name, payload, [], *shards)
 
 
 def _check(storage: CheckpointStorage,
-           name: str) -> tuple[str | None, bytes, dict[str, dict[str, Any]]]:
-    """(None, state bytes, shard files) if the checkpoint's files match its manifest, else
-    (why not, b"", {}). Shard files are only listed here (present, full size): each rank
-    hashes its share before loading them (``checkpoint.sharded``)."""
+           name: str) -> tuple[str | None, bytes, tuple[dict[str, dict[str, Any]], bool]]:
+    """(None, state bytes, (shard files, whether their hashes were checked)) if the
+    checkpoint's files match its manifest, else (why not, b"", ({}, False)). Shards one
+    process wrote (replicated state) are hashed here, like ``state.pt``: a corrupted one is
+    skipped for the one before. Shards every rank wrote are only listed here (present, full
+    size): each rank hashes its share before loading them (``checkpoint.sharded``)."""
+    nothing: tuple[dict[str, dict[str, Any]], bool] = ({}, False)
     raw = storage.read(name, MANIFEST_FILE)
     if raw is None:
-        return "has no manifest (the save never finished)", b"", {}
+        return "has no manifest (the save never finished)", b"", nothing
     try:
         manifest = json.loads(raw)
         expected = manifest["files"][STATE_FILE]
         shards = manifest.get("shards")
         shard_files = dict(shards["files"]) if shards else {}
     except (ValueError, KeyError, TypeError):
-        return "has an unreadable manifest", b"", {}
+        return "has an unreadable manifest", b"", nothing
     data = storage.read(name, STATE_FILE)
     if data is None:
-        return f"is missing {STATE_FILE}", b"", {}
+        return f"is missing {STATE_FILE}", b"", nothing
     if len(data) != expected["bytes"]:
-        return f"is truncated ({len(data)} of {expected['bytes']} bytes)", b"", {}
+        return f"is truncated ({len(data)} of {expected['bytes']} bytes)", b"", nothing
     if hashlib.sha256(data).hexdigest() != expected["sha256"]:
-        return "is corrupted (checksum mismatch)", b"", {}
-    if shards:
-        problem = missing_shards(storage, shards["folder"], shard_files)
-        if problem is not None:
-            return problem, b"", {}
-    return None, data, shard_files
+        return "is corrupted (checksum mismatch)", b"", nothing
+    if not shards:
+        return None, data, nothing
+    problem = missing_shards(storage, shards["folder"], shard_files)
+    if problem is not None:
+        return problem, b"", nothing
+    if shards.get("by") != "one":
+        return None, data, (shard_files, False)
+    bad = corrupted_shards(storage, shards["folder"], shard_files, 0, 1)
+    if bad:
+        return f"is corrupted (checksum mismatch of {', '.join(bad)})", b"", nothing
+    return None, data, (shard_files, True)
+
+
+def _by_object(tensors: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """DCP's ``<key>/<name>`` tensors as ``objects.<key>.<name>`` (a finding names them so)."""
+    found: dict[str, Any] = {}
+    for flat, tensor in (tensors or {}).items():
+        key, _, name = flat.partition("/")
+        found.setdefault(key, {})[name] = tensor
+    return {"objects": found} if found else {}
 
 
 class _HashingWriter:

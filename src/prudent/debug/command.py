@@ -137,6 +137,9 @@ def _copy_checkpoint_before(settings: ProjectSettings, home: Path, run_id: str, 
         return None
     manifest = json.loads(source.read(loaded.name, MANIFEST_FILE) or b"{}")
     copy = LocalStorage(target)
+    shards = manifest.get("shards") or {}
+    for filename in shards.get("files", {}):  # the models' state, before what names it
+        copy.put(shards["folder"], filename, source.read(shards["folder"], filename) or b"")
     handle = copy.begin(loaded.name)
     for filename in [*manifest.get("files", {}), MANIFEST_FILE]:  # the manifest last
         with copy.open_write(handle, filename) as stream:
@@ -157,11 +160,8 @@ class _StepsBefore:
 
         return [n for n in self.source.checkpoints() if (step_of(n) or 0) < self._step]
 
-    def read(self, name: str, filename: str) -> bytes | None:
-        return self.source.read(name, filename)  # type: ignore[no-any-return]
-
-    def file_sizes(self, name: str) -> dict[str, int]:
-        return self.source.file_sizes(name)  # type: ignore[no-any-return]
+    def __getattr__(self, attribute: str) -> Any:  # reading a checkpoint: the source's own
+        return getattr(self.source, attribute)
 
 
 def _launch(command: list[str], spec: LaunchSpec) -> int:
