@@ -476,7 +476,8 @@ def test_a_store_locked_by_another_process_is_said_after_5_s_once(
 def test_a_corrupt_store_is_named_corrupt_with_the_way_out(tmp_path: Path) -> None:
     path = tmp_path / "prudent.db"
     path.write_bytes(b"this is not SQLite" * 400)
-    with pytest.raises(StoreError, match=r"is corrupt \(file is not a database\): move it aside "
+    with pytest.raises(StoreError, match=r"is corrupt \(file is not a database\): repair it with "
+                                         r"`prudent store repair` .* or move it aside "
                                          rf"\(mv {re.escape(str(path))} .*\.corrupt\)"):
         Store.open(StoreSettings(home=str(tmp_path)))
 

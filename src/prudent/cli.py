@@ -24,6 +24,7 @@ from prudent.launch import LaunchSpec, setting_var
 from prudent.preflight.command import preflight as preflight_command
 from prudent.report import commands as report_commands
 from prudent.store import Store, resolve_run
+from prudent.store_repair import store_app
 from prudent.tune import commands as tune_commands
 
 
@@ -312,6 +313,7 @@ app.command("tune", context_settings={"allow_extra_args": True,
 app.command("study")(tune_commands.study)
 app.command("report")(report_commands.report)
 app.command("ui")(report_commands.ui)
+app.add_typer(store_app, name="store")
 
 
 # typer >= 0.26 raises its own copy of click's exceptions: the class is found, not named

@@ -299,9 +299,11 @@ class Store:
         if self.engine.dialect.name == "sqlite" and any(
                 sign in reason for sign in ("not a database", "malformed", "corrupt")):
             path = self.engine.url.database
-            return (f"the run store {self.url} is corrupt ({reason}): move it aside (mv {path} "
-                    f"{path}.corrupt) and run again; each run's record beside its checkpoints "
-                    "is imported into the new store when that run starts again")
+            return (f"the run store {self.url} is corrupt ({reason}): repair it with `prudent "
+                    "store repair` (every readable row kept, the runs' records beside their "
+                    f"checkpoints added back, {path} kept beside it), or move it aside (mv "
+                    f"{path} {path}.corrupt) and run again; each run's record beside its "
+                    "checkpoints is imported into the new store when that run starts again")
         fix = ("check that the server is up and reachable from this machine, or point "
                "store.url / PRUDENT_STORE_URL elsewhere" if self.engine.dialect.name != "sqlite"
                else "check that the folder exists and is writable (store.home / PRUDENT_HOME)")
@@ -480,6 +482,22 @@ class Store:
                     conn.execute(upsert, rollup_rows(metric_rows))
             if event_rows:
                 conn.execute(events.insert(), [_masked_event(r) for r in event_rows])
+
+    def rebuild_rollup(self, batch: int = 100_000) -> None:
+        """Sum the rollup again from every metric row, in the order they were written (rows
+        copied into a repaired store without their rollup)."""
+        columns = [metrics.c.id, *(metrics.c[name] for name in _METRIC_COLUMNS)]
+        with self._writer_engine.begin() as conn:
+            conn.execute(metric_rollup.delete())
+            upsert = _rollup_upsert(conn.dialect.name)
+            last = 0
+            while upsert is not None:
+                rows = conn.execute(sa.select(*columns).where(metrics.c.id > last)
+                                    .order_by(metrics.c.id).limit(batch)).mappings().all()
+                if not rows:
+                    return
+                conn.execute(upsert, rollup_rows(rows))
+                last = rows[-1]["id"]
 
     def last_metrics(self, run_id: str) -> dict[str, float | None]:
         newest = (sa.select(metrics.c.name, sa.func.max(metrics.c.id).label("id"))
