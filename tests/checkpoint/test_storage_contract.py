@@ -41,6 +41,29 @@ def test_round_trip_retention_and_fallback(storage: CheckpointStorage) -> None:
         storage.abort(handle)
 
 
+def test_shards_one_writer_wrote_round_trip_and_a_changed_one_falls_back(
+        storage: CheckpointStorage) -> None:
+    """The path every model takes: DCP shards beside the checkpoint, written once by the
+    writer thread, retained with it, hashed at load (a changed byte: the one before)."""
+    writer = CheckpointWriter(storage, keep=2, asynchronous=True)
+    for step in (10, 20, 30):
+        folder = f"ckpt-{step:010d}.shards"
+        writer.save(step, {"objects": {}}, {}, shards=folder,
+                    tensors={"model/w": torch.full((1000,), float(step))})
+    writer.wait()
+    assert all(r.error is None for r in writer.completed())
+    assert sorted(n for n in storage.names() if n.endswith(".shards")) == [
+        "ckpt-0000000020.shards", "ckpt-0000000030.shards"]  # retained with their checkpoints
+    loaded = load_latest(storage)
+    assert loaded is not None and loaded.name == "ckpt-0000000030" and loaded.shards_checked
+    data = bytearray(storage.read("ckpt-0000000030.shards", "__0_0.distcp") or b"")
+    data[len(data) // 2] ^= 0xFF
+    storage.put("ckpt-0000000030.shards", "__0_0.distcp", bytes(data))
+    loaded = load_latest(storage)
+    assert loaded is not None and loaded.name == "ckpt-0000000020"
+    assert loaded.skipped[0][1].startswith("is corrupted (checksum mismatch of ckpt-0000000030.shards/")
+
+
 def test_missing_root_lists_nothing(tmp_path: Path) -> None:
     assert open_storage(str(tmp_path / "none")).checkpoints() == []
     assert load_latest(open_storage(f"memory://nothing-{os.getpid()}")) is None
