@@ -233,3 +233,21 @@ def test_gradients_that_vanish_once_the_loss_has_collapsed_are_convergence_not_a
 
     assert first_firing(lambda step: 0.69 if step <= 50 else 0.009) is None
     assert first_firing(lambda step: 0.69) == 150  # the third sample in a row
+
+
+def test_a_run_that_memorised_its_batch_before_the_first_check_has_converged() -> None:
+    """Overfitting one batch (the sanity check before a long run): loss 2.3 -> 1e-5 within the
+    first 30 steps of a 2,000-step run. Judged from the first window alone (already 1e-5),
+    its vanished gradients stopped it at step 74; the run's own start says it learnt."""
+    rule_ = make("vanishing_gradient", warmup_steps=0)
+    for start in range(27, 400, 25):
+        steps = list(range(start, start + 25))
+        layers = [LayerSample(start + 24, {"2.weight": 1.8e-8, "4.weight": 4.4e-7}, 1e-3)]
+        found = rule_.check(Window(steps=steps, loss=[1e-5] * 25, layers=layers, start_loss=2.3))
+        assert found is None, found
+    # a stack that starves while the loss stays where it started still fires
+    rule_ = make("vanishing_gradient", warmup_steps=0)
+    found = [rule_.check(Window(steps=[s], loss=[2.3], start_loss=2.3,
+                                layers=[LayerSample(s, {"2.weight": 1.8e-8, "4.weight": 4.4e-7},
+                                                    1e-3)])) for s in (50, 75, 100)]
+    assert found[-1] is not None and "gradients vanish in 2.weight" in found[-1].message

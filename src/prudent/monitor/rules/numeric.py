@@ -236,10 +236,13 @@ class VanishingGradientRule(Rule):
         if not losses:
             return False
         median = losses[len(losses) // 2]
-        if self.first_loss is None:
+        # where the run started (its first steps), not the first window this rule judged: a
+        # model that memorises one batch is at 1e-5 by its first check of a long run
+        start = window.start_loss if window.start_loss is not None else self.first_loss
+        if start is None:
             self.first_loss = median
             return False
-        return self.first_loss > 0 and median < self.settings.converged * self.first_loss
+        return start > 0 and median < self.settings.converged * start
 
     def _judge(self, sample: LayerSample) -> Finding | None:
         rms = {k: v for k, v in sample.grad_rms.items() if finite(v) and v > 0}
