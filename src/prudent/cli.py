@@ -82,7 +82,8 @@ class PrudentGroup(TyperGroup):
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   cls=PrudentGroup,
-                  help="Common-sense guardrails for training ML models in the cloud.")
+                  help="Common-sense guardrails for training ML models in the cloud.\n\n"
+                       "Example: prudent run -- python train.py")
 
 ConfigOption = typer.Option(None, "--config", "-c", metavar="FILE",
                             help="Settings file (default ./prudent.yaml).")
@@ -99,7 +100,10 @@ def _print_version(value: bool) -> None:
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", callback=_print_version,
                                           is_eager=True, help="Print prudent's version.")) -> None:
-    """Common-sense guardrails for training ML models in the cloud."""
+    """Common-sense guardrails for training ML models in the cloud.
+
+    Example: prudent run -- python train.py
+    """
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -144,7 +148,10 @@ def run(
                                f"firing (slow; {setting_var('debug', 'enabled')}=1)."),
     config: str | None = ConfigOption,
 ) -> None:
-    """Supervise a training script: record it, pass --set overrides, forward signals, relaunch."""
+    """Supervise a training script: record it, pass --set overrides, forward signals, relaunch.
+
+    Example: prudent run --run-id baseline -- python train.py
+    """
     from prudent.profile import parse_step_window
     from prudent.supervisor import Supervisor
     from prudent.training_command import refuse_option_as_program
@@ -174,7 +181,10 @@ def runs(
                               "newest runs."),
     config: str | None = ConfigOption,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first.
+
+    Example: prudent runs --limit 5
+    """
     store = _open_store(config)
     rows = [_summary(store, r) for r in store.list_runs(limit)]
     if as_json:
@@ -197,7 +207,10 @@ def show(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     config: str | None = ConfigOption,
 ) -> None:
-    """Everything about one run: status, config, last metrics, events."""
+    """Everything about one run: status, config, last metrics, events.
+
+    Example: prudent show baseline
+    """
     store = _open_store(config)
     run = store.get_run(resolve_run(store, run_ref))
     assert run is not None
@@ -217,7 +230,10 @@ def profile(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     config: str | None = ConfigOption,
 ) -> None:
-    """Where a run's time went (data, compute, checkpoint, eval), and what to change."""
+    """Where a run's time went (data, compute, checkpoint, eval), and what to change.
+
+    Example: prudent profile baseline
+    """
     from prudent.profile.summary import print_profile
 
     store = _open_store(config)

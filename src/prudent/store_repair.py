@@ -247,7 +247,8 @@ def _sidecars(path: Path) -> list[Path]:
 
 # the commands ------------------------------------------------------------------------------
 store_app = typer.Typer(no_args_is_help=True,
-                        help="The run store itself: check it, repair a damaged one.")
+                        help="The run store itself: check it, repair a damaged one.\n\n"
+                             "Example: prudent store check")
 _ConfigOption = typer.Option(None, "--config", "-c", metavar="FILE",
                              help="Settings file (default: ./prudent.yaml).")
 _JsonOption = typer.Option(False, "--json", help="Machine-readable output.")

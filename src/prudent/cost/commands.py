@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 __all__ = ["bill", "breakdown", "catalog", "catalog_app", "catalog_import", "check_or_exit",
            "cost_settings", "policy_app", "stale_prices"]
 
-policy_app = typer.Typer(no_args_is_help=True, help="Check jobs against the cost policy.")
+policy_app = typer.Typer(no_args_is_help=True, help="Check jobs against the cost policy.\n\n"
+                         "Example: prudent policy check --instance aws:g5.xlarge --hours 12")
 _ConfigOption = typer.Option(None, "--config", "-c", metavar="FILE", help="Settings file (default ./prudent.yaml).")
 
 
@@ -62,7 +63,8 @@ def breakdown(store: Store, run_id: str) -> dict[str, Any] | None:
 
 
 # prudent catalog ---------------------------------------------------------------------------
-catalog_app = typer.Typer(help="The price catalog: list it, or import SkyPilot's prices.")
+catalog_app = typer.Typer(help="The price catalog: list it, or import SkyPilot's prices.\n\n"
+                          "Example: prudent catalog --cloud aws")
 
 
 @catalog_app.callback(invoke_without_command=True)
@@ -128,7 +130,10 @@ def catalog_import(
                                         "(default: the file's modification date)."),
     config: str | None = _ConfigOption,
 ) -> None:
-    """Import SkyPilot's prices for one cloud into your catalog file (written atomically)."""
+    """Import SkyPilot's prices for one cloud into your catalog file (written atomically).
+
+    Example: prudent catalog import ~/.sky/catalogs/v7/aws/vms.csv --to prices.csv
+    """
     from prudent.config import load_settings
     from prudent.cost.catalog import from_skypilot, write_rows
     from prudent.cost.skypilot import cloud_of
@@ -192,7 +197,10 @@ def policy_check(
                                          "policy: section of prudent.yaml)."),
     config: str | None = _ConfigOption,
 ) -> None:
-    """Would this job be allowed? Prints the projected cost; exit 0 complies, 1 violates, 2 bad input."""
+    """Would this job be allowed? Prints the projected cost; exit 0 complies, 1 violates, 2 bad input.
+
+    Example: prudent policy check --instance aws:g5.xlarge --hours 12 --spot
+    """
     from dataclasses import replace
 
     from prudent.config import load_settings
@@ -228,7 +236,10 @@ def bill(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
     config: str | None = _ConfigOption,
 ) -> None:
-    """The bill: spent, wasted on crashes, on runs stopped early, waiting for data; saved on spot."""
+    """The bill: spent, wasted on crashes, on runs stopped early, waiting for data; saved on spot.
+
+    Example: prudent cost --since 7d --by name
+    """
     from prudent.config import load_settings
     from prudent.cost.bill import BY, since_timestamp
     from prudent.cost.bill import bill as make_bill

@@ -43,7 +43,10 @@ def replay(
     config: str | None = typer.Option(None, "--config", "-c", metavar="FILE",
                                          help="Settings file (default ./prudent.yaml)."),
 ) -> None:
-    """Reproduce a captured failing step on this machine, in your unchanged script."""
+    """Reproduce a captured failing step on this machine, in your unchanged script.
+
+    Example: prudent replay baseline --step 40 -- python train.py
+    """
     from prudent.training_command import refuse_option_as_program
 
     refuse_option_as_program(context, command)

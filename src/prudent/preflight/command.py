@@ -32,7 +32,10 @@ def preflight(
     config: str | None = typer.Option(None, "--config", "-c", metavar="FILE", help="Settings file (for "
                                          "cost.catalog_file)."),
 ) -> None:
-    """Run the script on CPU on a few batches and check what would fail hours into a cloud run."""
+    """Run the script on CPU on a few batches and check what would fail hours into a cloud run.
+
+    Example: prudent preflight --steps 4 -- python train.py
+    """
     from prudent.training_command import refuse_option_as_program
 
     refuse_option_as_program(context, command)

@@ -34,6 +34,8 @@ def report(
     """One HTML file with a run's (or a study's) curves, events, profile and cost.
 
     It opens offline: its scripts and data are inside.
+
+    Example: prudent report baseline -o report.html
     """
     from prudent.report.pages import run_page
     from prudent.report.reader import open_readonly
@@ -81,7 +83,10 @@ def ui(
                                          "behind a tunnel or a proxy."),
     config: str | None = _ConfigOption,
 ) -> None:
-    """A local, read-only dashboard over the store: runs, a run's curves live, compare, studies."""
+    """A local, read-only dashboard over the store: runs, a run's curves live, compare, studies.
+
+    Example: prudent ui --port 8765
+    """
     from prudent.report.app import create_app
     from prudent.report.reader import open_readonly
     from prudent.report.render import BUNDLES, chart_js

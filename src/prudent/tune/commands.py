@@ -80,7 +80,10 @@ def tune(
                                       "study that breaks it (e.g. max_parallel_trials) exits 6."),
     config: str | None = _ConfigOption,
 ) -> None:
-    """Search hyperparameters: each trial a supervised run; weak and sick trials pruned."""
+    """Search hyperparameters: each trial a supervised run; weak and sick trials pruned.
+
+    Example: prudent tune --space space.yaml --objective val_acc --trials 2 -- python train.py
+    """
     from prudent.training_command import refuse_option_as_program
 
     refuse_option_as_program(context, command)
@@ -118,7 +121,10 @@ def study(
     plots: bool = typer.Option(False, "--plots", help="Write the plots into the study's folder."),
     config: str | None = _ConfigOption,
 ) -> None:
-    """A study's best configuration, trials (state, value, epochs, cost), importances."""
+    """A study's best configuration, trials (state, value, epochs, cost), importances.
+
+    Example: prudent study train
+    """
     from pathlib import Path
 
     from prudent.config import load_settings
