@@ -1,11 +1,19 @@
-"""The wheel `pip install prudent` would get carries what the source tree has: every module,
-the price catalog, the report's scripts and styles and (when scripts/setup.sh's `npm ci` put
-it there) Plotly's basic bundle; installed alone from it, prudent finds all of them."""
+"""The sdist and the wheel `pip install prudent` would get carry what the source tree has:
+every module, the price catalog, the report's scripts and styles and (when scripts/setup.sh's
+`npm ci` put it there) Plotly's basic bundle; installed alone from the wheel, prudent finds
+all of them.
+
+Both are built as a release is, with `python -m build`: the sdist from the checkout, then the
+wheel from the sdist, so a file the sdist forgets is missing from the wheel too.
+"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -16,14 +24,21 @@ PACKAGE = ROOT / "src" / "prudent"
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
-                            "--no-build-isolation", "-q", "-w", str(out)],
-                           capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr
-    (found,) = out.glob("prudent-*.whl")
-    return found
+def dist(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the sdist, the wheel built from it). No isolation: the tests download nothing, the
+    build backend (setuptools) is this environment's."""
+    out = tmp_path_factory.mktemp("dist")
+    built = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir",
+                            str(out), str(ROOT)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr
+    (sdist,) = out.glob("prudent-*.tar.gz")
+    (wheel,) = out.glob("prudent-*.whl")
+    return sdist, wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(dist: tuple[Path, Path]) -> Path:
+    return dist[1]
 
 
 def _source_files() -> set[str]:
@@ -47,6 +62,50 @@ def test_the_wheel_holds_every_module_and_data_file_of_the_source_tree(wheel: Pa
               zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
               if line.startswith("Provides-Extra:")}
     assert {"s3", "ft", "tensorboard", "mlflow", "wandb", "postgres", "ui"} <= extras
+
+
+def test_the_sdist_holds_every_module_and_data_file_the_wheel_is_built_from(
+        dist: tuple[Path, Path]) -> None:
+    sdist, _ = dist
+    with tarfile.open(sdist) as archive:
+        top = sdist.name.removesuffix(".tar.gz")
+        names = {n.removeprefix(f"{top}/") for n in archive.getnames()}
+    wanted = {f"src/{name}" for name in _source_files()} | {"pyproject.toml", "README.md"}
+    missing = sorted(wanted - names)
+    assert not missing, f"the sdist lacks {missing}"
+    assert {"src/prudent/cost/prices.csv", "src/prudent/report/assets/app.js",
+            "src/prudent/py.typed"} <= names
+
+
+def test_the_wheel_built_from_the_sdist_runs_in_a_fresh_venv_outside_the_checkout(
+        wheel: Path, tmp_path: Path) -> None:
+    """`pip install prudent-*.whl` into a new virtual environment, then its `prudent` script.
+    The dependencies (torch, typer, ...) are this environment's, on a .pth path line: nothing is
+    downloaded, and this environment's editable prudent is not on it (a .pth inside a path
+    line's folder is not read)."""
+    import prudent
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (Path(site) / "dependencies.pth").write_text(
+        "\n".join(sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})) + "\n")
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                                "--no-deps", "--no-index", "-q", str(wheel)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PRUDENT_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    where = subprocess.run([python, "-c", "import prudent; print(prudent.__file__)"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert where.stdout.startswith(site), where.stdout + where.stderr  # the wheel's copy
+    version = subprocess.run([venv / "bin" / "prudent", "--version"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.strip() == f"prudent {prudent.__version__}"
 
 
 def test_prudent_installed_from_the_wheel_alone_finds_its_data(wheel: Path,
