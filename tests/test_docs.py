@@ -166,3 +166,44 @@ def test_every_block_left_out_is_still_on_the_page() -> None:
     blocks = code_blocks(GETTING_STARTED.read_text(), "python")
     for marker in NOT_RUN:
         assert sum(marker in b for b in blocks) == 1, marker
+
+
+API_PAGE = DOCS / "reference" / "python.md"
+
+
+def _directives(page: str) -> dict[str, str]:
+    """mkdocstrings' ``::: identifier`` blocks of a page: identifier -> its options' text."""
+    blocks = re.split(r"^::: ", page, flags=re.M)[1:]
+    return {block.split("\n", 1)[0].strip(): block.split("\n\n", 1)[0] for block in blocks}
+
+
+def _all_of(module: str) -> list[str]:
+    """A module's ``__all__``, read from its source (the adapters import their framework)."""
+    import ast
+
+    path = ROOT / "src" / Path(*module.split(".")).with_suffix(".py")
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise AssertionError(f"{module} has no __all__")
+
+
+def test_the_python_api_page_documents_every_public_name() -> None:
+    """docs/reference/python.md (rendered from the docstrings by mkdocstrings at `mkdocs build
+    --strict`, which fails on a name it cannot find) has a block for each name of
+    ``prudent.__all__``, of each framework adapter's, and of the monitor's rule API."""
+    import prudent
+    import prudent.monitor
+
+    directives = _directives(API_PAGE.read_text())
+    missing = [f"prudent.{name}" for name in prudent.__all__ if f"prudent.{name}" not in directives]
+    for name in prudent.monitor.__all__:  # documented where it is defined, imported from here
+        defined = f"{getattr(prudent.monitor, name).__module__}.{name}"
+        missing += [] if defined in directives else [defined]
+    for adapter in ("prudent.lightning", "prudent.transformers", "prudent.keras"):
+        options = directives.get(adapter, "")
+        members = re.search(r"members: \[(.*?)\]", options)
+        listed = {m.strip() for m in members.group(1).split(",")} if members else set()
+        missing += [f"{adapter}.{name}" for name in _all_of(adapter) if name not in listed]
+    assert not missing, f"docs/reference/python.md lacks {missing}"

@@ -5,6 +5,8 @@
   the site's ``_repo/`` folder, a copy of that file made at build time.
 - A link to a heading of the README (``../README.md#a-run-survives-its-machine``: the README
   was the manual once) goes to the page that holds that heading now.
+- The docstrings on the Python API page name things with Sphinx's roles (``:func:`init```,
+  ``:class:`~prudent.stop.StopReason```); the page shows the name alone, as code.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from mkdocs.structure.files import File, Files
 
+ROLE = re.compile(r":(?:func|meth|class|attr|exc|mod|data|obj):(<code>)~?")
 LINK = re.compile(r"\]\(([^)\s#]+)(#[^)\s]*)?\)")
 HEADING = re.compile(r"^#{1,6} +(.+?) *#*$", re.M)
 REPO_COPY = "_repo"
@@ -72,3 +75,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         return f"]({posixpath.relpath(dest, here or '.')}{fragment})"
 
     return LINK.sub(rewrite, markdown)
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    return ROLE.sub(r"\1", html)
