@@ -151,6 +151,18 @@ def _param_row(param: Any) -> str:
     return f"| {_cell(names)} | {shown} | {_cell(help_text)}{required}{repeat} |"
 
 
+def _help_markdown(text: str | None) -> list[str]:
+    """A command's help, one paragraph a line; its ``Example: prudent ...`` as a shell block."""
+    out = []
+    for paragraph in inspect.cleandoc(text or "").split("\n\n"):
+        if paragraph.startswith("Example: "):
+            out += ["Example:", "", f"```sh\n{paragraph.removeprefix('Example: ')}\n```"]
+        else:
+            out.append(" ".join(paragraph.split()))
+        out.append("")
+    return out[:-1]
+
+
 def _usage(name: str, command: Any) -> str:
     ctx = typer.main.get_command(app).context_class(command, info_name=name)
     return " ".join([name, *command.collect_usage_pieces(ctx)])
@@ -165,7 +177,7 @@ def cli_markdown() -> str:
     out.append("")
     for name, command in found:
         out += [f"## `{name}`", "", f"```\n{_usage(name, command)}\n```", "",
-                " ".join((command.help or "").split()), ""]
+                *_help_markdown(command.help), ""]
         params = [p for p in command.params if not getattr(p, "hidden", False)]
         if hasattr(command, "commands") and not params:
             out += ["Commands: " + ", ".join(f"`{name} {c}`" for c in sorted(command.commands)),
