@@ -157,7 +157,8 @@ def _serve(example: str, project: Path, env: dict[str, str]) -> tuple[int, str]:
     try:
         while status != 200 and server.poll() is None and time.monotonic() < deadline:
             try:
-                status = urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).status
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
+                    status = page.status
             except OSError:
                 time.sleep(0.2)
     finally:
