@@ -122,3 +122,34 @@ def test_wandb_configured_but_not_installed_names_the_extra(
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match=r"pip install 'prudent\[wandb\]'"):
         WandbSink(WandbSettings(project="p"), RunInfo("r", "r", tmp_path))
+
+
+def test_a_wandb_run_the_script_started_gets_prudents_rows_and_the_script_finishes_it(
+        home: Path, wandb_offline: Path) -> None:
+    """No `tracking:` settings: the W&B run the script started before prudent.init gets
+    prudent's metrics (at `prudent/step`), config, events and verdict, no second W&B run is
+    made, and the run is still the script's to log to and to finish."""
+    import wandb
+
+    mine = wandb.init(project="mine", config={"lr": 0.5})
+    run = prudent.init(name="wb-own", config={"lr": 0.1, "batch": 4}, settings=make_settings(
+        home, checkpoint={"enabled": False}), exit_on_stop=False)
+    with run:
+        for step in run.steps(6):
+            run.step(loss=float(step))
+            mine.log({"mine/acc": step / 10})  # the script's own rows, at W&B's own step
+    assert wandb.run is mine  # prudent left it open
+    mine.log({"mine/after": 1.0})
+    mine.finish()
+    (found,) = offline_runs(wandb_offline)
+    assert found.run_id == mine.id
+    losses = {row["prudent/step"]: row["loss"] for row in found.history.values() if "loss" in row}
+    assert losses == {step: float(step - 1) for step in range(1, 7)}
+    assert sum("mine/acc" in row for row in found.history.values()) == 6
+    assert any("mine/after" in row for row in found.history.values())
+    assert found.config["lr"] == 0.5 and found.config["batch"] == 4  # the script's value stays
+    summary = found.summary
+    assert summary["prudent/verdict"].startswith(f"run {run.context.id} completed, 6 steps")
+    assert summary["prudent/event/lifecycle/end"] == "completed"
+    assert "step 6: [lifecycle/end] completed" in summary["prudent/events"]
+    assert found.exit_code == 0  # the script's finish, the only one

@@ -91,8 +91,20 @@ def _apply(into: dict[str, Any], items: Any) -> None:
         _set(into, item)
 
 
-def offline_runs(wandb_dir: Path) -> list[OfflineRun]:
+def offline_runs(wandb_dir: Path, timeout_s: float = 30.0) -> list[OfflineRun]:
     """Every offline attempt under ``wandb_dir``, oldest first (each relaunch offline is a new
-    folder of the same W&B run id; ``wandb sync`` joins them)."""
+    folder of the same W&B run id; ``wandb sync`` joins them). ``finish()`` returns before
+    W&B's service has written the file out (seen: a file with no record yet), so each is
+    read again until its exit record is there, for at most ``timeout_s``."""
+    import time
+
     files = sorted(wandb_dir.glob("wandb/offline-run-*/run-*.wandb"))
-    return [read_run(path) for path in files]
+    deadline = time.monotonic() + timeout_s
+    runs = []
+    for path in files:
+        run = read_run(path)
+        while run.exit_code is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            run = read_run(path)
+        runs.append(run)
+    return runs

@@ -44,6 +44,9 @@ class TrackerSink:
     """
 
     name: ClassVar[str] = "tracker"
+    # what it writes into when someone else started it ("wandb:<run id>"): one sink a target
+    target: str = ""
+    metric_prefix: str = ""  # before prudent's metric names (in a framework's logger)
 
     def open(self) -> None:
         """Connect; raise while the tracker cannot be reached (retried later)."""

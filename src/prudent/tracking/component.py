@@ -5,10 +5,18 @@ It builds the sinks at the run's start (a tracker configured but not installed r
 run, naming the extra), hands them the run's config, listens to the store writer for
 metrics and events, and at the end adds a summary: status, stop reason, verdict, cost, the
 profile's summary and the HTML report's path when there is one.
+
+Trackers someone else started are written into, not doubled by a run of prudent's own: the
+script's active MLflow run and ``wandb.run`` at the start, a ``SummaryWriter`` given to
+``run.attach``, a framework's loggers found by an adapter (:meth:`TrackingComponent.adopt`).
+A tracker configured in prudent.yaml wins over one of its kind found this way; each target
+(one W&B run, one MLflow run, one TensorBoard folder) gets one sink.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prudent.events import Component
@@ -20,7 +28,9 @@ if TYPE_CHECKING:
     from prudent.context import RunContext
     from prudent.stop import StopReason
 
-__all__ = ["TrackingComponent", "build_sinks"]
+__all__ = ["TrackingComponent", "build_sinks", "picked_up_sinks"]
+
+log = logging.getLogger("prudent.tracking")
 
 
 class TrackingComponent(Component):
@@ -33,21 +43,35 @@ class TrackingComponent(Component):
         self.sinks = sinks
         self.dispatcher: TrackingDispatcher | None = None
         self._info: RunInfo | None = None
+        self._targets: set[str] = set()  # trackers someone else started, already written to
 
     @classmethod
     def build(cls, settings: TrackingSettings) -> TrackingComponent:
         """Always plugged in: with no tracker configured it only looks for one the script
-        started (an active MLflow run at the start, a ``SummaryWriter`` given to
-        ``run.attach``), and a run with neither pays for no thread."""
+        started (an active MLflow or W&B run at the start, a ``SummaryWriter`` given to
+        ``run.attach``, a framework's loggers), and a run with none pays for no thread."""
         return cls(settings)
 
     def on_start(self, ctx: RunContext) -> None:
         info = self._info = RunInfo(run_id=ctx.id, name=ctx.name, run_dir=ctx.run_dir)
         sinks = self.sinks if self.sinks is not None else build_sinks(self.settings, info)
-        if self.sinks is None and not (self.settings.mlflow and self.settings.mlflow.enabled):
-            sinks += picked_up_sinks(info)
+        if self.sinks is None:
+            found = [s for s in picked_up_sinks(info) if self._new(s)]
+            self._targets.update(s.target for s in found)
+            sinks += found
         if sinks:
             self._start(ctx, sinks)
+
+    @property
+    def info(self) -> RunInfo | None:
+        """The run as trackers name it (None before the run's start)."""
+        return self._info
+
+    def _new(self, sink: TrackerSink) -> bool:
+        """Not of a kind prudent.yaml configures, nor a target already written to."""
+        configured = getattr(self.settings, sink.name, None)
+        return not (configured is not None and configured.enabled) and (
+            sink.target not in self._targets)
 
     def _start(self, ctx: RunContext, sinks: list[TrackerSink]) -> None:
         settings = self.settings
@@ -61,11 +85,26 @@ class TrackingComponent(Component):
         too (from now on; the run's config first)."""
         from prudent.tracking.tensorboard import TensorBoardSink
 
-        sink = TensorBoardSink.around(writer, self._info)
-        if self.dispatcher is None:
-            self._start(ctx, [sink])
-        else:
-            self.dispatcher.add_sink(sink, [("config", _config_of(ctx))])
+        self.adopt(ctx, lambda info: [TensorBoardSink.around(writer, info)])
+
+    def adopt(self, ctx: RunContext, find: Callable[[RunInfo], list[TrackerSink]]) -> None:
+        """Trackers someone else started, found during the run (``find(info)`` builds their
+        sinks): each new one gets the run's config, then every row from now on. One that
+        cannot be reached is left out with a warning; training goes on."""
+        if self._info is None or self.sinks is not None:
+            return
+        try:
+            found = [sink for sink in find(self._info) if self._new(sink)]
+        except Exception as exc:  # the framework's logger failed to start: not prudent's run
+            log.warning("prudent: cannot write to the framework's tracker (%s: %s); training "
+                        "goes on", type(exc).__name__, exc)
+            return
+        self._targets.update(sink.target for sink in found)
+        for sink in found:
+            if self.dispatcher is None:
+                self._start(ctx, [sink])
+            else:
+                self.dispatcher.add_sink(sink, [("config", _config_of(ctx))])
 
     def on_end(self, ctx: RunContext, status: str, reason: StopReason | None) -> None:
         if self.dispatcher is None:
@@ -81,17 +120,26 @@ def _config_of(ctx: RunContext) -> dict[str, Any]:
 
 
 def picked_up_sinks(info: RunInfo) -> list[TrackerSink]:
-    """Trackers the script already started: an active MLflow run."""
+    """Trackers the script already started: an active MLflow run, an active ``wandb.run``
+    (neither library is imported here unless the script did)."""
     from prudent.tracking.mlflow import active_mlflow_run
+    from prudent.tracking.wandb import active_wandb_run
 
+    sinks: list[TrackerSink] = []
     active = active_mlflow_run()
-    if active is None:
-        return []
-    from prudent.tracking.mlflow import MlflowSink
-    from prudent.tracking.settings import MlflowSettings
+    if active is not None:
+        from prudent.tracking.mlflow import MlflowSink
+        from prudent.tracking.settings import MlflowSettings
 
-    run_id, tracking_uri = active
-    return [MlflowSink(MlflowSettings(tracking_uri=tracking_uri), info, active_run_id=run_id)]
+        run_id, tracking_uri = active
+        sinks.append(MlflowSink(MlflowSettings(tracking_uri=tracking_uri), info,
+                                active_run_id=run_id))
+    run = active_wandb_run()
+    if run is not None:
+        from prudent.tracking.wandb import WandbSink
+
+        sinks.append(WandbSink.around(run, info))
+    return sinks
 
 
 def build_sinks(settings: TrackingSettings, info: RunInfo) -> list[TrackerSink]:

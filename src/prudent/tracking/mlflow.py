@@ -44,14 +44,18 @@ class MlflowSink(TrackerSink):
     name = "mlflow"
 
     def __init__(self, settings: MlflowSettings, info: RunInfo,
-                 active_run_id: str | None = None) -> None:
-        """``active_run_id``: the script's own MLflow run (``mlflow.start_run()`` before
-        ``prudent.init``), written into and left for the script to end."""
+                 active_run_id: str | None = None, metric_prefix: str = "") -> None:
+        """``active_run_id``: an MLflow run someone else started (the script's
+        ``mlflow.start_run()`` before ``prudent.init``, a framework's logger), written into
+        and left for its owner to end; ``metric_prefix`` goes before prudent's metric names."""
         self._mlflow = require("mlflow", "mlflow")
         self.settings = settings
         self.info = info
         self.run_id: str | None = None
         self._active = active_run_id
+        self.metric_prefix = metric_prefix
+        if active_run_id is not None:
+            self.target = f"mlflow:{active_run_id}"
         self._client: Any = None
         self._events: list[str] = []  # this attempt's, for the text artifact at the end
         self._started = time.strftime("%Y%m%d-%H%M%S")
@@ -116,7 +120,8 @@ class MlflowSink(TrackerSink):
     # write ----------------------------------------------------------------------------------
     def write_metrics(self, rows: list[Row]) -> None:
         entities = self._mlflow.entities
-        metrics = [entities.Metric(_key(r["name"]), r["value"], int(r["wall"] * 1000), r["step"])
+        prefix = self.metric_prefix
+        metrics = [entities.Metric(_key(prefix + r["name"]), r["value"], int(r["wall"] * 1000), r["step"])
                    for r in rows if r["value"] is not None]
         self._batches(metrics=metrics)
 

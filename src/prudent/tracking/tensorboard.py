@@ -30,20 +30,34 @@ class TensorBoardSink(TrackerSink):
         self.info = info
         self._writer: Any = None
         self._owned = True  # prudent opened the writer: it closes it
+        self._purge = True  # a relaunch purges the steps it does again
         self._waiting: list[tuple[str, Any]] = []  # written once the first metric sets purge_step
 
     @classmethod
-    def around(cls, writer: Any, info: RunInfo) -> TensorBoardSink:
-        """The script's own ``SummaryWriter`` (``run.attach(tb=writer)``): prudent writes into
-        it beside the script's scalars, flushes it, and leaves closing it to the script."""
+    def around(cls, writer: Any, info: RunInfo, metric_prefix: str = "") -> TensorBoardSink:
+        """The script's own ``SummaryWriter`` (``run.attach(tb=writer)``, Lightning's
+        ``TensorBoardLogger.experiment``): prudent writes into it beside the script's scalars,
+        flushes it, and leaves closing it to its owner."""
         sink = cls.__new__(cls)
         sink.logdir, sink.info, sink._writer, sink._owned = writer.log_dir, info, writer, False
-        sink._waiting = []
+        sink._waiting, sink.metric_prefix = [], metric_prefix
+        sink.target = f"tensorboard:{writer.log_dir}"
+        return sink
+
+    @classmethod
+    def beside(cls, logdir: str, info: RunInfo, metric_prefix: str = "") -> TensorBoardSink:
+        """An event file of prudent's own in a run folder another writer fills (the HF
+        Trainer's, which closes its writer before prudent's end is written): TensorBoard
+        shows both as one run. Never purged (that would drop the other writer's steps)."""
+        sink = cls(TensorBoardSettings(), info)  # opened on the tracking thread, as any
+        sink.logdir, sink._purge = logdir, False
+        sink.metric_prefix, sink.target = metric_prefix, f"tensorboard:{logdir}"
         return sink
 
     def _open_writer(self, first_step: int | None) -> Any:
         if self._writer is None:
-            purge = first_step if first_step is not None and _has_events(self.logdir) else None
+            purge = first_step if (self._purge and first_step is not None
+                                   and _has_events(self.logdir)) else None
             self._writer = self._writer_class(self.logdir, purge_step=purge, flush_secs=30)
             waiting, self._waiting = self._waiting, []
             for kind, data in waiting:
@@ -54,9 +68,11 @@ class TensorBoardSink(TrackerSink):
         if not rows:
             return
         writer = self._open_writer(min(row["step"] for row in rows))
+        prefix = self.metric_prefix
         for row in rows:
             if row["value"] is not None:
-                writer.add_scalar(row["name"], row["value"], row["step"], walltime=row["wall"])
+                writer.add_scalar(prefix + row["name"], row["value"], row["step"],
+                                  walltime=row["wall"])
 
     def write_events(self, rows: list[Row]) -> None:
         if self._writer is None:

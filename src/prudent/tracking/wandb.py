@@ -9,6 +9,12 @@ preemption, a monitor or a stop is also a W&B alert (alerts need the server). Th
 (status, stop reason, verdict, cost, ...) is ``prudent/*`` in ``run.summary``, and the HTML
 report, when there is one, a file of the run.
 
+A run the script or the framework started (``wandb.init`` before ``prudent.init``, Lightning's
+``WandbLogger``, the HF Trainer's ``report_to="wandb"``) is written into instead
+(:meth:`WandbSink.around`): prudent's rows carry their step as ``prudent/step`` (W&B's own step
+is the script's), the config only adds keys the run lacks, and the run is left for its owner to
+finish.
+
 Resume: the W&B run id is derived from prudent's run id and opened with ``resume="allow"``,
 so a relaunch continues the same W&B run. W&B refuses a step lower than the last it took, so
 the last step sent is kept in ``<run folder>/tracking.json`` (and read from the server when
@@ -26,11 +32,12 @@ from typing import Any
 from prudent.tracking.base import Row, RunInfo, TrackerSink, event_payload, event_text, require
 from prudent.tracking.settings import WandbSettings
 
-__all__ = ["WandbSink", "wandb_run_id"]
+__all__ = ["WandbSink", "active_wandb_run", "wandb_run_id"]
 
 _ALERT_KINDS = ("rule", "preemption", "monitor")  # and lifecycle/stop_requested
 _EVENT_LINES = 200  # the newest kept in the summary's text
 _END_EXIT_CODE = {"completed": 0, "stopped": 1, "failed": 1}
+STEP_KEY = "prudent/step"  # prudent's step in a run whose W&B step is its owner's
 
 
 class WandbSink(TrackerSink):
@@ -47,9 +54,25 @@ class WandbSink(TrackerSink):
         self._summary: dict[str, Any] = {}
         self._events: list[tuple[int, str, str, str]] = []  # this attempt's
         self._exit_code: int | None = None
+        self._owned = True  # prudent started the W&B run: it finishes it
+        self.metric_prefix = ""
+        self._defined: set[str] = set()  # keys plotted against STEP_KEY (an adopted run)
+
+    @classmethod
+    def around(cls, run: Any, info: RunInfo, metric_prefix: str = "") -> WandbSink:
+        """A W&B run someone else started (the script's ``wandb.init``, a framework's logger):
+        prudent's rows go into it from the tracking thread, each at ``prudent/step`` (W&B's
+        own step stays the owner's, which ``run.log`` calls without a step advance), and
+        prudent never finishes it. ``metric_prefix`` goes before prudent's metric names."""
+        sink = cls(WandbSettings(), info)
+        sink.run, sink._owned, sink.metric_prefix = run, False, metric_prefix
+        sink.target = f"wandb:{run.id}"
+        return sink
 
     # connect --------------------------------------------------------------------------------
     def open(self) -> None:
+        if not self._owned:
+            return
         wandb, settings = self._wandb, self.settings
         # prudent's run only: no console capture, no system metrics or machine metadata
         # (those probe cloud metadata endpoints), no code or job upload
@@ -87,7 +110,8 @@ class WandbSink(TrackerSink):
     def write_metrics(self, rows: list[Row]) -> None:
         for row in rows:
             if row["value"] is not None:
-                self._pending.setdefault(row["step"], {})[row["name"]] = row["value"]
+                name = self.metric_prefix + row["name"]
+                self._pending.setdefault(row["step"], {})[name] = row["value"]
 
     def write_events(self, rows: list[Row]) -> None:
         for row in rows:
@@ -108,7 +132,10 @@ class WandbSink(TrackerSink):
             self._summary["prudent/events"] = "\n".join(lines[-_EVENT_LINES:])
 
     def write_config(self, config: dict[str, Any]) -> None:
-        self.run.config.update(config, allow_val_change=True)
+        if self._owned:
+            self.run.config.update(config, allow_val_change=True)
+        else:  # the owner's values stay (as MLflow keeps a param once)
+            self.run.config.setdefaults(config)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         self._exit_code = summary.get("exit_code")
@@ -122,6 +149,9 @@ class WandbSink(TrackerSink):
         """Send the round's rows, one W&B row per step in step order (the events of a round
         can be at a lower step than its metrics)."""
         if self.run is None:
+            return
+        if not self._owned:
+            self._flush_adopted()
             return
         sent = None
         for step in sorted(self._pending):
@@ -137,6 +167,24 @@ class WandbSink(TrackerSink):
         if sent is not None:
             self._remember(sent)
 
+    def _flush_adopted(self) -> None:
+        """Into a run prudent did not start: no ``step=`` (W&B would drop a row below the
+        owner's step), prudent's step as ``prudent/step``, each key plotted against it."""
+        run = self.run
+        if STEP_KEY not in self._defined:
+            run.define_metric(STEP_KEY)
+            self._defined.add(STEP_KEY)
+        for step in sorted(self._pending):
+            values = self._pending[step]
+            for key in values.keys() - self._defined:  # a name beats the owner's "*" glob
+                run.define_metric(key, step_metric=STEP_KEY)
+                self._defined.add(key)
+            run.log({**values, STEP_KEY: step})
+            del self._pending[step]
+        if self._summary:
+            run.summary.update(self._summary)
+            self._summary = {}
+
     def close(self, status: str) -> None:
         if self.run is None:
             return
@@ -147,9 +195,20 @@ class WandbSink(TrackerSink):
             self.run.log({"prudent/event_table": table})
         if self.num_skipped:
             self.run.summary["prudent/num_skipped_values"] = self.num_skipped
-        code = self._exit_code if self._exit_code is not None else _END_EXIT_CODE.get(status, 0)
-        self.run.finish(exit_code=code)
+        if self._owned:  # a run someone else started is theirs to finish
+            code = self._exit_code if self._exit_code is not None else _END_EXIT_CODE.get(
+                status, 0)
+            self.run.finish(exit_code=code)
         self.run = None
+
+
+def active_wandb_run() -> Any:
+    """The W&B run the script started (``wandb.init()``), or None; None when W&B is not even
+    imported (nothing is imported here)."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    return getattr(wandb, "run", None) if wandb is not None else None
 
 
 def wandb_run_id(run_id: str) -> str:
