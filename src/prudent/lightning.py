@@ -13,7 +13,9 @@ The callback feeds the run from Lightning's hooks (loss at each optimizer step, 
 preemption notice or SIGTERM, the tuner's pruner) becomes a checkpoint, then
 ``trainer.should_stop``, then prudent's exit code once ``fit`` returns. Lightning's own
 checkpoint (``trainer.save_checkpoint``) rides inside prudent's checkpoints, and
-:func:`resume_path` gives it back to ``fit(ckpt_path=...)`` when the run resumes.
+:func:`resume_path` gives it back to ``fit(ckpt_path=...)`` when the run resumes. The
+Trainer's loggers (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``) get prudent's
+metrics (as ``prudent/<name>``), events and verdict in their own run (docs/trackers.md).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.files import torch_bytes
 from prudent.adapters.loader import ResumableLoader, loader_length
+from prudent.adapters.trackers import lightning_logger_sinks
 from prudent.optimizer_step import replace_next_step
 from prudent.stop import ExitCode
 
@@ -118,6 +121,7 @@ class PrudentCallback(_pl.Callback):
         self.adapter.framework_checkpoint.bind(lambda folder: _save(trainer, folder),
                                                lambda: _save_in_memory(trainer),
                                                lambda path: _load_live(trainer, path))
+        self.adapter.use_trackers(lambda info: lightning_logger_sinks(trainer, info))
         if self.adapter.ctx.exit_on_stop:
             self._ctrl_c.install()
         # the generators as they were at the checkpoint, before Lightning draws the first

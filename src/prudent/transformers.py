@@ -35,6 +35,10 @@ steps the schedule ends k steps short): ``train()`` fixes its epochs and steps p
 it starts, so a rewind of k steps buys at most ``epochs x steps per epoch - max_steps`` more
 steps (none when training by epochs; the data runs out first), and a resume derives the data
 position from ``global_step``: it would train k batches again.
+
+The Trainer's ``report_to`` trackers get prudent's metrics (as ``prudent/<name>``), events and
+verdict in their own run: the W&B run and MLflow run its callbacks started, and, for
+TensorBoard, an event file of prudent's own in its writer's run folder (docs/trackers.md).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import torch
 
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.files import folder_files, torch_bytes
+from prudent.adapters.trackers import trainer_reporter_sinks
 from prudent.optimizer_step import put_back_step, replace_next_step
 from prudent.stop import StopKind
 
@@ -152,6 +157,8 @@ class PrudentCallback(TrainerCallback):
         run_state.step = state.global_step  # where the Trainer resumed
         self._args, self._trainer_state, self._control = args, state, control
         self._trainer = _calling_trainer(sys._getframe(1))
+        trainer = self._trainer  # its report_to callbacks ran their on_train_begin before ours
+        self.adapter.use_trackers(lambda info: trainer_reporter_sinks(trainer, info))
         self._tqdm_monitors = set(_tqdm_monitors())
         # the planned length the rules are sized to: the Trainer's own count of optimizer steps
         # (max_steps, or the epochs x ceil(batches / accumulation)); a smoke run's is its own

@@ -13,7 +13,7 @@ code once the framework has returned from its loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from prudent.adapters.files import FrameworkCheckpoint
@@ -112,6 +112,16 @@ class AdapterRun:
             if self.ctx.store is not None:
                 self.ctx.store.update_run(self.ctx.id, config=untracked(config))
         return changed
+
+    def use_trackers(self, find: Callable[[Any], list[Any]]) -> None:
+        """The framework's own loggers get prudent's metrics, events and end instead of a
+        tracker run of prudent's own: ``find(info)`` builds their sinks
+        (:mod:`prudent.tracking`), on the rank that writes to trackers only."""
+        from prudent.tracking.component import TrackingComponent
+
+        for component in self.ctx.components:  # rank 0's (the other ranks have none)
+            if isinstance(component, TrackingComponent):
+                component.adopt(self.ctx, find)
 
     def watch(self, **objects: Any) -> None:
         """Show the framework's model and optimizers to the components (gradient statistics,

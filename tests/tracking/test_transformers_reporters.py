@@ -1,0 +1,90 @@
+"""Under prudent.transformers, the Trainer's ``report_to`` trackers get prudent's metrics (as
+``prudent/<name>``), events and verdict in the run the Trainer's callbacks started, beside
+the Trainer's own series, and no tracker run of prudent's own is made: TensorBoard (read with
+EventAccumulator), W&B (offline, its .wandb file read back) and MLflow (a real server)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("accelerate")
+pytest.importorskip("transformers")
+from tests.adapters.test_transformers import _model, _one_thread, _trainer  # noqa: E402, F401
+
+STEPS = 6
+
+
+def train(home: Path, tmp_path: Path, name: str, report_to: str) -> Any:
+    from prudent.testing import make_settings
+    from prudent.transformers import PrudentCallback
+
+    cb = PrudentCallback(name, {}, exit_on_stop=False,
+                         settings=make_settings(home, checkpoint={"enabled": False}))
+    trainer = _trainer(tmp_path, _model(), [cb], max_steps=STEPS, logging_steps=1,
+                       report_to=report_to)
+    trainer.train()
+    return cb.run
+
+
+def test_report_to_tensorboard_shows_prudents_rows_in_the_trainers_run_folder(
+        home: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tests.tracking.test_tensorboard import read, texts
+
+    run = train(home, tmp_path, "hf-tb", "tensorboard")
+    (folder,) = {f.parent for f in (tmp_path / "out").rglob("*tfevents*")}  # one TB run
+    board = read(folder)
+    assert [s.step for s in board.Scalars("prudent/loss")] == list(range(1, STEPS + 1))
+    assert len(board.Scalars("train/loss")) == STEPS  # the Trainer's own, untouched
+    events = [text for _, text in texts(board, "prudent/events")]
+    assert any(text.startswith("[lifecycle/end] completed") for text in events), events
+    (summary,) = texts(board, "prudent/summary")
+    assert f"run {run.context.id} completed, {STEPS} steps" in summary[1]
+
+
+def test_report_to_wandb_puts_prudents_rows_in_the_trainers_wandb_run(
+        home: Path, tmp_path: Path, wandb_offline: Path) -> None:
+    import wandb
+
+    from tests.tracking.wandb_files import offline_runs
+
+    run = train(home, tmp_path, "hf-wb", "wandb")
+    trainers = wandb.run
+    assert trainers is not None  # prudent did not finish it
+    wandb.finish()
+    (found,) = offline_runs(wandb_offline)  # one W&B run: the Trainer's
+    assert found.run_id == trainers.id
+    steps = [row["prudent/step"] for row in found.history.values() if "prudent/loss" in row]
+    assert steps == list(range(1, STEPS + 1))
+    assert sum("train/loss" in row for row in found.history.values()) == STEPS
+    summary = found.summary
+    assert summary["prudent/verdict"].startswith(f"run {run.context.id} completed, {STEPS} steps")
+    assert "[lifecycle/end] completed" in summary["prudent/events"]
+
+
+@pytest.mark.slow  # the session's mlflow server takes ~20 s to start
+def test_report_to_mlflow_puts_prudents_rows_in_the_trainers_mlflow_run(
+        home: Path, tmp_path: Path, mlflow_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "hf")
+    try:
+        run = train(home, tmp_path, "hf-mlf", "mlflow")
+    finally:
+        os.environ.pop("MLFLOW_EXPERIMENT_ID", None)  # mlflow.set_experiment sets it
+    client = MlflowClient(mlflow_server)
+    (found,) = client.search_runs([client.get_experiment_by_name("hf").experiment_id])
+    assert found.info.status == "FINISHED"  # ended by the Trainer's callback
+    run_id = found.info.run_id
+    assert [m.step for m in client.get_metric_history(run_id, "prudent/loss")] == list(
+        range(1, STEPS + 1))
+    assert len(client.get_metric_history(run_id, "train_loss")) >= 1  # the Trainer's own
+    tags = found.data.tags
+    assert tags["prudent.run_id"] == run.context.id
+    assert tags["prudent.verdict"].startswith(f"run {run.context.id} completed, {STEPS} steps")
+    assert tags["prudent.event.lifecycle.end"] == "completed"
