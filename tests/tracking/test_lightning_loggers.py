@@ -37,11 +37,11 @@ class _Tiny(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def fit(home: Path, name: str, logger: Any) -> Any:
+def fit(home: Path, name: str, logger: Any, **settings: Any) -> Any:
     from prudent.lightning import PrudentCallback
 
-    cb = PrudentCallback(name, {"lr": 0.1}, exit_on_stop=False,
-                         settings=make_settings(home, checkpoint={"enabled": False}))
+    cb = PrudentCallback(name, {"lr": 0.1}, exit_on_stop=False, settings=make_settings(
+        home, checkpoint={"enabled": False}, **settings))
     trainer = L.Trainer(max_steps=STEPS, callbacks=[cb], accelerator="cpu", logger=logger,
                         log_every_n_steps=1, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
@@ -110,3 +110,33 @@ def test_an_mlflow_logger_gets_prudents_rows_in_its_own_run_and_ends_it_itself(
     assert tags["prudent.run_id"] == run.context.id
     assert tags["prudent.verdict"].startswith(f"run {run.context.id} completed, {STEPS} steps")
     assert tags["prudent.event.lifecycle.end"] == "completed"
+
+
+def test_a_tensorboard_configured_in_prudent_yaml_wins_over_the_loggers(
+        home: Path, tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")
+    from tests.tracking.test_tensorboard import read
+
+    logger = L.pytorch.loggers.TensorBoardLogger(str(tmp_path / "tb"), name="lit")
+    run = fit(home, "lit-tb-own", logger,
+              tracking={"tensorboard": {"logdir": str(tmp_path / "mine")}})
+    assert "prudent/loss" not in read(Path(logger.log_dir)).Tags()["scalars"]
+    assert len(read(tmp_path / "mine" / run.context.id).Scalars("loss")) == STEPS
+
+
+@pytest.mark.filterwarnings("ignore:There is a wandb run already in progress")
+def test_a_wandb_run_the_script_started_and_the_logger_reuses_gets_prudents_rows_once(
+        home: Path, wandb_offline: Path) -> None:
+    import wandb
+
+    from tests.tracking.wandb_files import offline_runs
+
+    mine = wandb.init(project="lit")  # picked up at the run's start, under prudent's names
+    logger = L.pytorch.loggers.WandbLogger(project="lit", save_dir=str(wandb_offline))
+    fit(home, "lit-wb-twice", logger)
+    assert logger.experiment is mine
+    mine.finish()
+    (found,) = offline_runs(wandb_offline)
+    steps = [row["prudent/step"] for row in found.history.values() if "loss" in row]
+    assert steps == list(range(1, STEPS + 1))  # each once: one sink for the one run
+    assert not any("prudent/loss" in row for row in found.history.values())

@@ -91,7 +91,7 @@ class TrackingComponent(Component):
         """Trackers someone else started, found during the run (``find(info)`` builds their
         sinks): each new one gets the run's config, then every row from now on. One that
         cannot be reached is left out with a warning; training goes on."""
-        if self._info is None or self.sinks is not None:
+        if self._info is None:
             return
         try:
             found = [sink for sink in find(self._info) if self._new(sink)]
