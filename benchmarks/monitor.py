@@ -215,10 +215,21 @@ def check_checkpoints(project: Path) -> tuple[int, list[str]]:
     bad = []
     for path in paths:
         payload = torch.load(path, weights_only=True, map_location="cpu")
+        shards = path.parent.with_name(path.parent.name + ".shards")
+        if shards.is_dir():  # the model and optimizer, as DCP shards beside the checkpoint
+            payload["shards"] = _read_shards(shards)
         culprit = first_non_finite(payload)
         if culprit is not None:
             bad.append(f"{path.parent.name}: {culprit}")
     return len(paths), bad
+
+
+def _read_shards(folder: Path) -> dict[str, Any]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(folder, Path(tmp) / "whole.pt")
+        return torch.load(Path(tmp) / "whole.pt", weights_only=True, map_location="cpu")
 
 
 def best_val_step(store: Store, run_id: str) -> int | None:
@@ -234,7 +245,7 @@ def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
             if (row := scenario_row(scenario, by, outcomes)) is not None]
     sick = [r for r in rows if r["intended"] is not None]
     healthy = [r for r in rows if r["intended"] is None]
-    stopped = [r for r in sick if r.get("default_mode", {}).get("status") == "stopped"]
+    stopped = [r for r in sick if r.get("verdict") == "stopped"]
     planned = sum(r["planned_steps"] for r in stopped)
     saved = sum(r["saved_steps"] for r in stopped)
     return {
@@ -288,7 +299,9 @@ def default_row(scenario: Scenario, run: Outcome, reference: Outcome | None) -> 
         "exit_code": run.exit_code, "wall_s": round(run.wall_s, 2), "rollbacks": run.rollbacks,
         "skips": run.skips, "final_val_loss": run.final_val_loss}}
     planned = run.planned or 0
-    if run.status == "stopped":
+    # an early stop (early_stopping's finished training) ends the run completed, exit 0: a
+    # stop all the same, with the steps it saved
+    if run.status == "stopped" or (run.stop_reason or "").startswith("rule:"):
         row["verdict"] = "stopped"
         row["saved_steps"] = max(0, planned - run.steps)
         row["compute_saved"] = row["saved_steps"] / planned if planned else None

@@ -226,6 +226,40 @@ def test_a_rule_stop_is_checkpointed_shown_and_not_relaunched(fast: dict[str, Ou
     saves = [e for e in shown["events"][rule_at:] if (e["kind"], e["name"]) == ("checkpoint", "saved")]
     assert saves and saves[-1]["step"] == shown["step"]  # the stop left a checkpoint of its step
     assert Path(saves[-1]["payload"]["path"]).exists()
+    if ("monitor", "rollback") in names:  # the repair was tried: the stop says it did not hold
+        stop = shown["events"][rule_at]
+        assert "it came back after rollback 1 to step" in stop["message"], stop["message"]
+
+
+def test_a_bad_shard_of_ten_batches_is_rolled_back_past_not_stopped(tmp_path: Path) -> None:
+    """Ten batches of the data in a row with inputs x50 from the 300th batch drawn: loss_spike
+    skips four updates, the fifth to tenth get through and the gradient explodes; the rollback
+    to a checkpoint before the shard (and past its batches) repairs it, and the explosion its
+    rolled-back updates showed is not acted on. The run completes near the untouched one."""
+    outcomes = {}
+    for kind, extra in (("burst", {}), ("untouched", {"MONITOR_HEALTHY": "1"})):
+        project = Project(tmp_path / kind)
+        project.path.mkdir()
+        project.env.update(PRUDENT_RUN_ID=kind, MONITOR_BURST="10", MONITOR_SCALE="50",
+                           MONITOR_ONSET="300", **extra)
+        result = project.python(str(SCRIPTS / "monitor_burst_skip.py"), timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        store = Store(f"sqlite:///{project.path / '.prudent' / 'prudent.db'}")
+        try:
+            outcomes[kind] = (store.get_run(kind), store.events(kind),
+                              [v for _, v in store.metric_series(kind, "val_loss")])
+        finally:
+            store.close()
+    run, events, val_loss = outcomes["burst"]
+    assert run["status"] == "completed" and run["stop_reason"] is None
+    names = [(e["kind"], e["name"]) for e in events]
+    assert names.count(("monitor", "skipped_update")) == 4
+    assert names.count(("monitor", "rollback")) == 1
+    repaired = [e for e in events if (e["kind"], e["name"]) == ("monitor", "repaired")]
+    assert repaired and repaired[0]["payload"]["rule"] == "exploding_gradient"
+    assert "not acted on: the rollback to step" in repaired[0]["message"]
+    untouched = outcomes["untouched"][2][-1]
+    assert abs(val_loss[-1] - untouched) / untouched < 0.02, (val_loss[-1], untouched)
 
 
 def test_a_hung_loop_is_stopped_with_every_thread_stack_saved(fast: dict[str, Outcome]) -> None:

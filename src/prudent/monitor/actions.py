@@ -176,6 +176,8 @@ class RollbackAction(Action):
     def apply(self, run: RunContext, firing: Firing) -> str:
         s, finding = self.settings, firing.finding
         spike = finding.since if finding.since is not None else finding.step
+        if run.pending_stop is not None:  # another rule stopped the run at this check
+            return "not rolled back: the run is stopping"
         if self.count >= s.max_rollbacks:
             return self._stop(run, firing, f"{self.count} rollbacks already (max_rollbacks "
                               f"{s.max_rollbacks})")

@@ -372,13 +372,27 @@ class Monitor(Component):
         self._keep_best(run)
         rollback = self.actions.get("rollback")
         done = rollback.count if isinstance(rollback, RollbackAction) else 0
-        for firing in sorted(firings, key=_began):
-            if (isinstance(rollback, RollbackAction) and rollback.count > done
-                    and hasattr(self.rules.get(firing.rule), "rolled_back")):
-                # the rollback took these steps back: a rule that smooths the loss judged
-                # losses of weights that are gone (a corrupted shard's spike also climbs for a
-                # while); a gradient that explodes at a learning rate too high still stops
-                continue
+        came_back = {id(f): self._came_back(f) for f in firings}
+        # a condition that came back after a rollback is the diagnosis: it goes first (and
+        # stops), rather than another repair of its symptom
+        for firing in sorted(firings, key=lambda f: (came_back[id(f)] is None, _began(f))):
+            if came_back[id(f := firing)] is not None:
+                firing = dataclasses.replace(f, finding=dataclasses.replace(
+                    f.finding, message=f"{f.finding.message}; {came_back[id(f)]}"))
+            if isinstance(rollback, RollbackAction) and rollback.count > done:
+                rule = self.rules.get(firing.rule)
+                if hasattr(rule, "rolled_back"):
+                    # the rollback took these steps back: a rule that smooths the loss judged
+                    # losses of weights that are gone (a corrupted shard's spike also climbs
+                    # for a while)
+                    continue
+                if getattr(rule, "judges_updates", False) and rollback.last is not None \
+                        and _began(firing) > rollback.last[1]:
+                    # repair before stop: what those updates did is undone; a gradient that
+                    # explodes at a learning rate too high does it again on the steps after,
+                    # and stops then (or the rollbacks run out)
+                    self._repaired_by_rollback(run, firing, rollback.last[1])
+                    continue
             self.fire(run, firing)
         if isinstance(rollback, RollbackAction) and rollback.count > done:
             self._rolled_back()
@@ -395,6 +409,26 @@ class Monitor(Component):
         return dataclasses.replace(finding, message=(
             f"{finding.message}; it persisted after loss_spike skipped the update{plural} of "
             f"step{plural} {', '.join(map(str, steps))}"))
+
+    def _came_back(self, firing: Firing) -> str | None:
+        """How a rule that judges the updates fires again on steps after a rollback that had
+        undone its evidence (or None): the repair did not hold."""
+        rollback = self.actions.get("rollback")
+        last = rollback.last if isinstance(rollback, RollbackAction) else None
+        rule = self.rules.get(firing.rule)
+        if last is None or not getattr(rule, "judges_updates", False) or _began(firing) <= last[0]:
+            return None
+        assert isinstance(rollback, RollbackAction)
+        return (f"it came back after rollback {rollback.count} to step {last[1]} (of the spike "
+                f"that began at step {last[0]})")
+
+    def _repaired_by_rollback(self, run: RunContext, firing: Firing, restored: int) -> None:
+        f = firing.finding
+        said = f.message.split("; it persisted after")[0]  # it did not: the rollback undid it
+        run.record_event(EventKind.MONITOR, "repaired", f"{firing.rule}: {said}; not acted "
+                         f"on: the rollback to step {restored} undid the updates it judged",
+                         step=f.step, rule=firing.rule, detected_at=firing.detected_at,
+                         checkpoint_step=restored)
 
     def _rolled_back(self) -> None:
         """Rules that smooth the loss forget the steps a rollback took back; loss_spike's
