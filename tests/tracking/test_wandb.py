@@ -107,6 +107,30 @@ def test_a_relaunch_in_a_second_process_continues_the_same_wandb_run_without_a_s
     assert attempts[1].summary["prudent/num_skipped_values"] == 11
 
 
+def test_an_event_that_arrives_before_the_metrics_of_earlier_steps_loses_none_of_them(
+        tmp_path: Path, wandb_offline: Path) -> None:
+    """The store writer can hand over an event (a monitor's, at step 10) before the metrics of
+    steps 1-9: sent at once it would move W&B's step to 10 and W&B would refuse steps 1-9."""
+    sink = WandbSink(WandbSettings(project="p", mode="offline"),
+                     RunInfo(run_id="early", name="e", run_dir=tmp_path / "run"))
+    sink.open()
+    sink.write_events([{"step": 10, "kind": "monitor", "name": "memory", "message": "m",
+                        "payload": "{}", "wall": 1e9}])
+    sink.flush()
+    sink.write_metrics(rows(range(1, 13), 0.0))
+    sink.flush()
+    sink.write_events([{"step": 14, "kind": "lifecycle", "name": "end", "message": "completed",
+                        "payload": "{}", "wall": 1e9}])
+    sink.flush()  # past the newest metrics: held until the end
+    sink.close("completed")
+    (found,) = offline_runs(wandb_offline)
+    assert {s: row["loss"] for s, row in found.history.items() if "loss" in row} == {
+        s: float(s) for s in range(1, 13)}
+    assert found.history[10]["prudent/event/monitor"] == 1.0
+    assert found.history[14]["prudent/event/lifecycle"] == 1.0
+    assert sink.num_skipped == 0
+
+
 def test_wandb_run_id_is_the_run_id_where_wandb_takes_it_else_stable_and_clean() -> None:
     assert wandb_run_id("digits-20260101_120000") == "digits-20260101_120000"
     cleaned = wandb_run_id("team/run:1")

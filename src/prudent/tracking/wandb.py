@@ -50,6 +50,7 @@ class WandbSink(TrackerSink):
         self.run: Any = None
         self.num_skipped = 0  # metric values at steps an earlier attempt already sent
         self._floor = 0  # the lowest step W&B still takes
+        self._metric_step = -1  # the highest step metrics arrived for (they arrive in order)
         self._pending: dict[int, dict[str, float]] = {}
         self._summary: dict[str, Any] = {}
         self._events: list[tuple[int, str, str, str]] = []  # this attempt's
@@ -109,6 +110,7 @@ class WandbSink(TrackerSink):
     # write ----------------------------------------------------------------------------------
     def write_metrics(self, rows: list[Row]) -> None:
         for row in rows:
+            self._metric_step = max(self._metric_step, row["step"])
             if row["value"] is not None:
                 name = self.metric_prefix + row["name"]
                 self._pending.setdefault(row["step"], {})[name] = row["value"]
@@ -147,7 +149,12 @@ class WandbSink(TrackerSink):
 
     def flush(self) -> None:
         """Send the round's rows, one W&B row per step in step order (the events of a round
-        can be at a lower step than its metrics)."""
+        can be at a lower step than its metrics). A step past the newest metrics waits for
+        them (an event can arrive before the metrics of the steps before it: sent first, it
+        would move W&B's step past them and they would be refused), until the end."""
+        self._send(final=False)
+
+    def _send(self, final: bool) -> None:
         if self.run is None:
             return
         if not self._owned:
@@ -155,6 +162,8 @@ class WandbSink(TrackerSink):
             return
         sent = None
         for step in sorted(self._pending):
+            if step > self._metric_step and not final:
+                break
             if step < self._floor:
                 self.num_skipped += len(self._pending.pop(step))
                 continue
@@ -188,7 +197,7 @@ class WandbSink(TrackerSink):
     def close(self, status: str) -> None:
         if self.run is None:
             return
-        self.flush()
+        self._send(final=True)
         if self._events:
             table = self._wandb.Table(columns=["step", "kind", "name", "message"],
                                       data=[list(event) for event in self._events])
