@@ -140,3 +140,20 @@ def test_a_summary_writer_given_to_attach_gets_prudents_rows_beside_the_scripts(
     events = [text for _, text in texts(board, "prudent/events")]
     assert any(text.startswith("[lifecycle/end] completed") for text in events), events
     assert texts(board, "prudent/config") and "completed" in texts(board, "prudent/summary")[0][1]
+
+
+def test_a_summary_writer_given_to_attach_is_written_to_beside_a_configured_tensorboard(
+        home: Path) -> None:
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(home.parent / "mine"))
+    settings = make_settings(home, tracking={"tensorboard": {"logdir": str(home.parent / "tb")}})
+    run = prudent.init(name="tb-both", settings=settings, exit_on_stop=False)
+    run.attach(weight=torch.zeros(1), tb=writer)
+    with run:
+        for step in run.steps(4):
+            run.step(loss=float(step))
+    writer.close()
+    assert len(read(home.parent / "mine").Scalars("loss")) == 4
+    assert len(read(home.parent / "tb" / run.context.id).Scalars("loss")) == 4

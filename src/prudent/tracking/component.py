@@ -62,16 +62,11 @@ class TrackingComponent(Component):
         if sinks:
             self._start(ctx, sinks)
 
-    @property
-    def info(self) -> RunInfo | None:
-        """The run as trackers name it (None before the run's start)."""
-        return self._info
-
-    def _new(self, sink: TrackerSink) -> bool:
+    def _new(self, sink: TrackerSink, even_if_configured: bool = False) -> bool:
         """Not of a kind prudent.yaml configures, nor a target already written to."""
         configured = getattr(self.settings, sink.name, None)
-        return not (configured is not None and configured.enabled) and (
-            sink.target not in self._targets)
+        taken = configured is not None and configured.enabled and not even_if_configured
+        return not taken and sink.target not in self._targets
 
     def _start(self, ctx: RunContext, sinks: list[TrackerSink]) -> None:
         settings = self.settings
@@ -85,16 +80,18 @@ class TrackingComponent(Component):
         too (from now on; the run's config first)."""
         from prudent.tracking.tensorboard import TensorBoardSink
 
-        self.adopt(ctx, lambda info: [TensorBoardSink.around(writer, info)])
+        self.adopt(ctx, lambda info: [TensorBoardSink.around(writer, info)],
+                   even_if_configured=True)  # handed over by name: wanted beside prudent's
 
-    def adopt(self, ctx: RunContext, find: Callable[[RunInfo], list[TrackerSink]]) -> None:
+    def adopt(self, ctx: RunContext, find: Callable[[RunInfo], list[TrackerSink]],
+              even_if_configured: bool = False) -> None:
         """Trackers someone else started, found during the run (``find(info)`` builds their
         sinks): each new one gets the run's config, then every row from now on. One that
         cannot be reached is left out with a warning; training goes on."""
         if self._info is None:
             return
         try:
-            found = [sink for sink in find(self._info) if self._new(sink)]
+            found = [sink for sink in find(self._info) if self._new(sink, even_if_configured)]
         except Exception as exc:  # the framework's logger failed to start: not prudent's run
             log.warning("prudent: cannot write to the framework's tracker (%s: %s); training "
                         "goes on", type(exc).__name__, exc)
