@@ -21,6 +21,7 @@ gradient all-reduce).
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from collections.abc import Mapping
@@ -28,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from prudent.errors import ConfigError
-from prudent.events import Component
+from prudent.events import Component, EventKind
 from prudent.stop import StopReason
 
 if TYPE_CHECKING:
@@ -135,6 +136,30 @@ class PendingFlags:
         return self._tensor.tolist()
 
 
+def unreplicated_models(objects: dict[str, Any]) -> list[str]:
+    """The attached models with trainable parameters that no data-parallel wrapper holds:
+    neither DDP (torch's, or one of its subclasses), FSDP, nor FSDP2's DTensor shards, even
+    under ``torch.compile``. The README's five lines run under torchrun as they are, and such
+    a model silently trains one copy per rank."""
+    import torch
+
+    from prudent.checkpoint.sharded import holds_shards
+
+    found = []
+    for key, obj in objects.items():
+        if not isinstance(obj, torch.nn.Module):
+            continue
+        module = getattr(obj, "_orig_mod", obj)  # torch.compile's wrapper
+        wrapped = isinstance(module, torch.nn.parallel.DistributedDataParallel) or \
+            type(module).__name__ in _DATA_PARALLEL or holds_shards(module)
+        if not wrapped and any(p.requires_grad for p in module.parameters()):
+            found.append(key)
+    return found
+
+
+_DATA_PARALLEL = {"FullyShardedDataParallel", "DistributedDataParallel"}  # FSDP1, torchft's DDP
+
+
 class StopCoordinator(Component):
     """Turns one rank's stop request (or rank 0's wish to checkpoint) into every rank's, at
     the same step.
@@ -168,6 +193,16 @@ class StopCoordinator(Component):
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         if not self._checked_start and self.group.ready:
             self._check_same_start(run)
+        if self.ranks.is_main:
+            for key in unreplicated_models(objects):
+                message = (f"{key} is attached under torchrun ({self.ranks.world_size} ranks) "
+                           "but neither wrapped in DistributedDataParallel nor sharded with "
+                           "fully_shard: each rank trains a model of its own, and no gradient is "
+                           f"averaged. Wrap it before attaching ({key} = "
+                           f"DistributedDataParallel({key})), or ignore this for models trained "
+                           "apart on purpose")
+                print(f"prudent: warning: {message}", file=sys.stderr, flush=True)
+                run.record_event(EventKind.LIFECYCLE, "unreplicated_model", message, key=key)
 
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         run.save_agreed = run.ranks_agreed = False

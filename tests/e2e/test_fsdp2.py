@@ -244,3 +244,18 @@ def _flattened(saved: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tens
             name, field = key[len("optimizer/state."):].rsplit(".", 1)
             found.setdefault(name, {})[field] = tensor
     return found
+
+
+@pytest.mark.slow
+def test_a_model_left_bare_under_torchrun_is_named_once_and_a_wrapped_one_is_not(
+        fsdp2: Project) -> None:
+    """The README's lines under torchrun as they are: each rank trains its own copy of a bare
+    model, which nothing averages; one warning says so (rank 0's), DDP and FSDP2 get none."""
+    warning = "model is attached under torchrun (2 ranks) but neither wrapped"
+    for wrap, warned in (("none", True), ("ddp", False), ("fsdp2", False)):
+        result = fsdp2.prudent("run", "--run-id", f"wrap-{wrap}", "--set", f"wrap={wrap}",
+                               "--set", "epochs=1", "--", *torchrun(), timeout=300)
+        assert_completed(fsdp2, f"wrap-{wrap}", result)
+        assert result.stderr.count(warning) == (1 if warned else 0), (wrap, result.stderr[-2000:])
+        events = [e for e in fsdp2.show(f"wrap-{wrap}")["events"] if e["name"] == "unreplicated_model"]
+        assert len(events) == (1 if warned else 0)
