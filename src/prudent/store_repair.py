@@ -40,13 +40,15 @@ class StoreHealth:
     problems: list[str] = field(default_factory=list)
     rows: dict[str, int | None] = field(default_factory=dict)  # None: the table cannot be read
     records_only: list[str] = field(default_factory=list)  # runs a record holds, the store not
+    missing: bool = False  # no store file yet: nothing has run with this home (not damage)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def as_dict(self) -> dict[str, Any]:
-        return {"store": str(self.path), "ok": self.ok, "problems": self.problems,
+        return {"store": str(self.path), "ok": self.ok, "exists": not self.missing,
+                "problems": self.problems,
                 "rows": self.rows, "runs_only_in_records": self.records_only}
 
 
@@ -68,7 +70,7 @@ def check_store(path: Path, home: Path) -> StoreHealth:
     """What is wrong with the SQLite store at ``path`` (nothing is written)."""
     health = StoreHealth(path)
     if not path.is_file():
-        health.problems.append(f"{path} does not exist")
+        health.missing = True
     elif path.stat().st_size == 0:
         health.problems.append(f"{path} is empty (0 bytes): the runs it held are gone from it")
     else:
@@ -88,7 +90,8 @@ def check_store(path: Path, home: Path) -> StoreHealth:
     health.records_only = [run for run in _runs_with_records(home) if run not in known]
     if health.records_only and health.ok:
         health.problems.append(f"{len(health.records_only)} run(s) have a record beside their "
-                               "checkpoints but no row in the store")
+                               "checkpoints but no row in the store"
+                               + (" (the store file is gone)" if health.missing else ""))
     return health
 
 
@@ -97,6 +100,7 @@ def repair_store(path: Path, home: Path) -> RepairResult:
     (``<path>.damaged-<time>``), and add back from the runs' records what the store lacks."""
     from prudent.store import Store
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     fresh = path.with_name(path.name + ".repairing")
     for leftover in (fresh, *_sidecars(fresh)):
         leftover.unlink(missing_ok=True)
@@ -276,6 +280,8 @@ def check_command(config: str | None = _ConfigOption, as_json: bool = _JsonOptio
     health = check_store(path, home)
     if as_json:
         typer.echo(json.dumps(health.as_dict(), indent=2))
+    elif health.missing and health.ok:
+        typer.echo(f"{path}: no run store yet (nothing has run with this home)")
     else:
         counts = ", ".join(f"{table} {'unreadable' if n is None else n}"
                            for table, n in health.rows.items())
@@ -299,6 +305,10 @@ def repair_command(config: str | None = _ConfigOption, as_json: bool = _JsonOpti
     Example: prudent store repair
     """
     path, home = _embedded(config)
+    if not path.is_file() and not _runs_with_records(home):
+        typer.echo(f"{path}: no run store, and no run records beside checkpoints to rebuild "
+                   "one from: nothing to repair")
+        return
     result = repair_store(path, home)
     if as_json:
         typer.echo(json.dumps(result.as_dict(), indent=2))

@@ -128,3 +128,17 @@ def test_a_server_store_is_left_to_its_server(home: Path, tmp_path: Path) -> Non
     result = prudent_cli(home, "store", "check")
     assert result.returncode == 2 and "pg_amcheck" in result.stderr
     assert "secret" not in result.stderr
+
+
+def test_a_home_with_no_store_yet_is_not_damaged_and_a_deleted_one_is_rebuilt(home: Path) -> None:
+    fresh = prudent_cli(home, "store", "check")
+    assert fresh.returncode == 0 and "no run store yet" in fresh.stdout, fresh.stdout + fresh.stderr
+    nothing = prudent_cli(home, "store", "repair")
+    assert nothing.returncode == 0 and "nothing to repair" in nothing.stdout
+    assert not (home / "prudent.db").exists()  # nothing written for nothing
+    kept = train(home, "kept")
+    (home / "prudent.db").unlink()  # deleted by hand, the records beside the checkpoints stay
+    gone = json.loads(prudent_cli(home, "store", "check", "--json").stdout)
+    assert not gone["exists"] and gone["runs_only_in_records"] == [kept]
+    assert prudent_cli(home, "store", "repair").returncode == 0
+    assert json.loads(prudent_cli(home, "show", kept, "--json").stdout)["status"] == "completed"
