@@ -1,8 +1,9 @@
 """Where checkpoints live: a local folder, or any fsspec URL (``s3://bucket/prefix``).
 
-A checkpoint is a folder ``ckpt-<step>`` holding ``state.pt`` and ``manifest.json``; the
-manifest is written last and carries a checksum per file, so a checkpoint without a valid
-manifest is incomplete, whatever else is there. Locally the folder is staged under a temporary
+A checkpoint is a folder ``ckpt-<step>`` holding ``state.pt`` and ``manifest.json``, and
+beside it ``ckpt-<step>.shards``, the models' DCP shards (``sharded.py``); the manifest is
+written last and carries a checksum per file, so a checkpoint without a valid manifest is
+incomplete, whatever else is there. Locally the folder is staged under a temporary
 name, fsynced and renamed (atomic); object stores have no rename, so there the manifest is the
 commit marker.
 """
