@@ -79,7 +79,7 @@ def module_pairs(objects: dict[str, Any], sharded_only: bool = False, *,
     parameters alone. The rest is saved whole, as ``state_dict()`` gives it."""
     modules = {key: obj for key, obj in objects.items()
                if isinstance(obj, torch.nn.Module) and (not sharded_only or holds_shards(obj))
-               and not (saving and not obj.state_dict())}
+               and not (saving and _stateless(obj))}
     found: dict[str, tuple[torch.nn.Module, Any]] = {k: (m, None) for k, m in modules.items()}
     for key, obj in objects.items():
         if isinstance(obj, torch.optim.Optimizer):
@@ -87,6 +87,11 @@ def module_pairs(objects: dict[str, Any], sharded_only: bool = False, *,
             if owner is not None and not (saving and not obj.state):
                 found[key] = (owner, obj)
     return found
+
+
+def _stateless(module: torch.nn.Module) -> bool:
+    """No parameter and no buffer: nothing for DCP (an activation, a loss module)."""
+    return next(module.parameters(), None) is None and next(module.buffers(), None) is None
 
 
 def dcp_entries(objects: dict[str, tuple[torch.nn.Module, Any]], folder: str
