@@ -89,7 +89,7 @@ class EventKind(str, Enum):
 # Every (kind, name) a run records; None: the name is a rule's name or a finding's id.
 RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
     EventKind.LIFECYCLE: ("start", "stop_requested", "end", "rank_lost", "membership",
-                          "healed", "not_committed"),
+                          "healed", "not_committed", "unreplicated_model"),
     EventKind.SUPERVISOR: ("exit", "end"),
     EventKind.CHECKPOINT: ("skipped", "fresh_start", "resumed", "emergency_skipped",
                            "not_restored", "save_failed", "saved", "interval", "record_imported",
@@ -100,7 +100,8 @@ RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
     EventKind.PROFILE: ("trace_failed", "trace", "trace_skipped", "summary"),
     EventKind.FINDING: None,
     EventKind.MONITOR: ("error", "rule_error", "stacks_not_written", "hard_exit", "webhook_failed",
-                        "blind", "skipped_update", "rollback", "best_kept", "best_restored"),
+                        "blind", "skipped_update", "rollback", "repaired", "best_kept",
+                        "best_restored"),
     EventKind.RULE: None,
     EventKind.CAPTURE: ("skipped", "failed", "written"),
     EventKind.CAPTURE_REQUESTED: None,

@@ -30,12 +30,24 @@ def settings_for(home: Path) -> ProjectSettings:
                          checkpoint={"every": "10steps", "keep": 2, "at_epoch_end": False})
 
 
+class WithUnusedLayer(torch.nn.Module):
+    """A layer built but never used: its parameters want a gradient and never get one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.unused = tiny_model(), torch.nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
 def train(home: Path, stop_at: int | None = None, order: str = "together",
           seen: dict[str, Any] | None = None) -> tuple[prudent.Run, torch.nn.Module, Any]:
     """32 steps of a tiny model with AdamW, its optimizer attached with the model, before it,
     or updating a head that is attached apart (``order``)."""
     torch.manual_seed(0)
-    model, head = tiny_model(), torch.nn.Linear(2, 2)
+    model = WithUnusedLayer() if order == "unused layer" else tiny_model()
+    head = torch.nn.Linear(2, 2)
     params = [*model.parameters(), *head.parameters()] if order == "apart" else model.parameters()
     opt = torch.optim.AdamW(params, lr=0.01)
     run = prudent.init(name="one-path", settings=settings_for(home), exit_on_stop=False)
@@ -154,3 +166,18 @@ def test_retention_removes_the_shards_of_a_save_that_never_committed(tmp_path: P
     writer.save(20, {"objects": {}}, {}, shards="ckpt-0000000020.shards", tensors=tensors)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0000000020",
                                                           "ckpt-0000000020.shards"]
+
+
+def test_an_optimizer_without_state_for_an_unused_layer_resumes_exactly(tmp_path: Path) -> None:
+    """AdamW has no state for parameters that never got a gradient; a fresh optimizer asked
+    for its state dict makes some up for every parameter, which the checkpoint lacks (the
+    resume crashed: "Missing key in checkpoint state_dict: optimizer/state.unused.bias...")."""
+    _, straight, straight_opt = train(tmp_path / "straight", order="unused layer")
+    home = tmp_path / ".prudent"
+    train(home, stop_at=15, order="unused layer")
+    _, resumed, resumed_opt = train(home, order="unused layer")
+    assert checkpoint_events(home)["resumed"]["payload"]["checkpoint"] == "ckpt-0000000015"
+    assert len(resumed_opt.state) == 4  # the body's weights and biases, not the unused layer's
+    assert all(torch.equal(a, b) for a, b in zip(straight.parameters(), resumed.parameters(),
+                                                 strict=True))
+    assert str(straight_opt.state_dict()) == str(resumed_opt.state_dict())

@@ -201,6 +201,7 @@ def load_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], saved: dict[st
     states = {key: _state_dict(module, optimizer) for key, (module, optimizer) in objects.items()}
     tensors = {f"{key}/{k}": v for key, state in states.items() for k, v in state.items()
                if isinstance(v, torch.Tensor)}
+    never_stepped = _never_stepped(objects, tensors, storage.dcp_reader(folder))
     from torch.distributed.checkpoint.api import CheckpointException
 
     no_dist = alone or (group is None and not _distributed())
@@ -221,6 +222,43 @@ def load_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], saved: dict[st
                 state[name[len(key) + 1:]] = tensor
         state.update(saved[key]["plain"])
         _load_state_dict(module, optimizer, state)
+        fresh = never_stepped.get(key)
+        if fresh:  # their made-up state went in with the rest (the optimizer's loader checks
+            _forget_state(module, optimizer, fresh)  # every field), and goes now
+
+
+def _never_stepped(objects: dict[str, tuple[torch.nn.Module, Any]],
+                   tensors: dict[str, torch.Tensor], reader: Any) -> dict[str, set[str]]:
+    """Parameters an optimizer had no state for when it was saved (they never got a
+    gradient: a frozen or unused layer), by key; their tensors are not asked of DCP. The
+    state-dict API creates state for every parameter of a fresh optimizer (a step of learning
+    rate 0), which the saved run never had."""
+    try:
+        saved = set(reader.read_metadata().state_dict_metadata)
+    except Exception:  # noqa: BLE001 - unreadable: dcp.load names it
+        return {}
+    found: dict[str, set[str]] = {}
+    for key, (_, optimizer) in objects.items():
+        if optimizer is None:
+            continue
+        for name in [n for n in tensors if n.startswith(f"{key}/state.") and n not in saved]:
+            del tensors[name]
+            found.setdefault(key, set()).add(_param_of(name[len(key) + 1:]))
+    return found
+
+
+def _param_of(flat: str) -> str:
+    """``state.<parameter name>.<field>`` -> the parameter's name."""
+    return flat[len("state."):].rsplit(".", 1)[0]
+
+
+def _forget_state(module: torch.nn.Module, optimizer: Any, names: set[str]) -> None:
+    """Those parameters have no optimizer state again, as in the saved run."""
+    from prudent.checkpoint.portable import canonical_name
+
+    for name, param in module.named_parameters():
+        if canonical_name(name) in names:
+            optimizer.state.pop(param, None)
 
 
 def _state_dict(module: torch.nn.Module, optimizer: Any) -> dict[str, Any]:
