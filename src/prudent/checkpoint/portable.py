@@ -21,20 +21,11 @@ from typing import Any
 
 import torch
 
-from prudent.checkpoint.sharded import holds_shards, owner_of
+from prudent.checkpoint.sharded import canonical_name, holds_shards, owner_of
 from prudent.errors import ConfigError
 
 __all__ = ["canonical_name", "needs_translation", "restore_whole_module",
            "restore_whole_optimizer", "sharded_owner"]
-
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP's and torch.compile's
-
-
-def canonical_name(name: str) -> str:
-    """A parameter's name without the wrappers around the model (DDP, torch.compile)."""
-    while name.startswith(WRAPPER_PREFIXES):
-        name = name.split(".", 1)[1]
-    return name
 
 
 def needs_translation(module: torch.nn.Module, saved: Any) -> bool:

@@ -39,7 +39,7 @@ from prudent.errors import ConfigError
 if TYPE_CHECKING:
     from prudent.checkpoint.storage import CheckpointStorage
 
-__all__ = ["SHARDS_SUFFIX", "corrupted_shards", "dcp_entries", "holds_shards", "is_sharded_entry",
+__all__ = ["SHARDS_SUFFIX", "canonical_name", "corrupted_shards", "dcp_entries", "holds_shards", "is_sharded_entry",
            "load_sharded", "missing_shards", "module_pairs", "owner_of", "save_sharded",
            "shard_digests", "sharded_objects", "shards_folder_of", "write_shards"]
 
@@ -247,6 +247,17 @@ def _never_stepped(objects: dict[str, tuple[torch.nn.Module, Any]],
     return found
 
 
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP's and torch.compile's
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name without the wrappers around the model (DDP, torch.compile): the
+    name DCP's state-dict API gives it."""
+    while name.startswith(WRAPPER_PREFIXES):
+        name = name.split(".", 1)[1]
+    return name
+
+
 def _param_of(flat: str) -> str:
     """``state.<parameter name>.<field>`` -> the parameter's name."""
     return flat[len("state."):].rsplit(".", 1)[0]
@@ -254,8 +265,6 @@ def _param_of(flat: str) -> str:
 
 def _forget_state(module: torch.nn.Module, optimizer: Any, names: set[str]) -> None:
     """Those parameters have no optimizer state again, as in the saved run."""
-    from prudent.checkpoint.portable import canonical_name
-
     for name, param in module.named_parameters():
         if canonical_name(name) in names:
             optimizer.state.pop(param, None)
