@@ -201,14 +201,15 @@ def load_sharded(objects: dict[str, tuple[torch.nn.Module, Any]], saved: dict[st
     states = {key: _state_dict(module, optimizer) for key, (module, optimizer) in objects.items()}
     tensors = {f"{key}/{k}": v for key, state in states.items() for k, v in state.items()
                if isinstance(v, torch.Tensor)}
-    never_stepped = _never_stepped(objects, tensors, storage.dcp_reader(folder))
+    reader = storage.dcp_reader(folder)
+    never_stepped = _never_stepped(objects, tensors, reader)
     from torch.distributed.checkpoint.api import CheckpointException
 
     no_dist = alone or (group is None and not _distributed())
     if no_dist:
         _quiet_single_process()
     try:
-        dcp.load(tensors, storage_reader=storage.dcp_reader(folder),
+        dcp.load(tensors, storage_reader=reader,
                  process_group=None if alone else group, no_dist=no_dist)
     except (Exception, CheckpointException) as exc:  # a BaseException: DCP's own, per rank
         reason = str(exc).strip().splitlines()[-1]

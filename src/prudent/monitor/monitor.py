@@ -372,13 +372,11 @@ class Monitor(Component):
         self._keep_best(run)
         rollback = self.actions.get("rollback")
         done = rollback.count if isinstance(rollback, RollbackAction) else 0
-        came_back = {id(f): self._came_back(f) for f in firings}
         # a condition that came back after a rollback is the diagnosis: it goes first (and
         # stops), rather than another repair of its symptom
-        for firing in sorted(firings, key=lambda f: (came_back[id(f)] is None, _began(f))):
-            if came_back[id(f := firing)] is not None:
-                firing = dataclasses.replace(f, finding=dataclasses.replace(
-                    f.finding, message=f"{f.finding.message}; {came_back[id(f)]}"))
+        ordered = sorted((self._noting_came_back(f) for f in firings),
+                         key=lambda pair: (not pair[1], _began(pair[0])))
+        for firing, _ in ordered:
             if isinstance(rollback, RollbackAction) and rollback.count > done:
                 rule = self.rules.get(firing.rule)
                 if hasattr(rule, "rolled_back"):
@@ -410,17 +408,20 @@ class Monitor(Component):
             f"{finding.message}; it persisted after loss_spike skipped the update{plural} of "
             f"step{plural} {', '.join(map(str, steps))}"))
 
-    def _came_back(self, firing: Firing) -> str | None:
-        """How a rule that judges the updates fires again on steps after a rollback that had
-        undone its evidence (or None): the repair did not hold."""
+    def _noting_came_back(self, firing: Firing) -> tuple[Firing, bool]:
+        """The firing, its message saying so when a rule that judges the updates fires again
+        on steps after a rollback that had undone its evidence (the repair did not hold), and
+        whether it did."""
         rollback = self.actions.get("rollback")
         last = rollback.last if isinstance(rollback, RollbackAction) else None
         rule = self.rules.get(firing.rule)
         if last is None or not getattr(rule, "judges_updates", False) or _began(firing) <= last[0]:
-            return None
+            return firing, False
         assert isinstance(rollback, RollbackAction)
-        return (f"it came back after rollback {rollback.count} to step {last[1]} (of the spike "
-                f"that began at step {last[0]})")
+        said = (f"{firing.finding.message}; it came back after rollback {rollback.count} to step "
+                f"{last[1]} (of the spike that began at step {last[0]})")
+        return dataclasses.replace(firing, finding=dataclasses.replace(firing.finding,
+                                                                       message=said)), True
 
     def _repaired_by_rollback(self, run: RunContext, firing: Firing, restored: int) -> None:
         f = firing.finding
