@@ -210,3 +210,23 @@ def test_an_evaluation_logged_again_at_its_step_is_judged_once(tmp_path: Path) -
     resumed.load_state_dict(saved)  # resumed from a checkpoint taken at that evaluation
     assert not resumed._new_evaluation(20, {"val_loss": 0.5, "val_acc": 0.9})
     assert resumed._new_evaluation(30, {"val_loss": 0.4})
+
+
+def test_an_evaluation_only_before_training_is_not_called_never_logged(tmp_path: Path) -> None:
+    # nanoGPT evaluates at the top of iteration 0, before any update; a short run ends before
+    # its next evaluation: the metric was logged, it just came before anything to judge
+    home = tmp_path / ".prudent"
+    settings = make_settings(home)
+    run = prudent.init(name="early-eval", settings=settings, exit_on_stop=False,
+                       components=[Monitor(settings.monitor, stream=io.StringIO())])
+    with run:
+        for step in run.steps(6):
+            if step == 0:
+                run.log(val_loss=2.0)
+            run.step(loss=1.0)
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
+    blind = [e["message"] for e in store.events(run.id)
+             if e["name"] == "blind" and e["payload"]["rule"] == "early_stopping"]
+    store.close()
+    assert len(blind) == 1
+    assert "never logged" not in blind[0] and "val_loss was logged only at step 0" in blind[0]

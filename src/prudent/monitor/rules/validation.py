@@ -89,7 +89,7 @@ class EarlyStoppingRule(Rule):
     Settings = EarlyStoppingSettings
     settings: EarlyStoppingSettings
     state_fields = ("metric", "best", "best_step", "waited", "num_evals", "first_step",
-                    "first_train", "start")
+                    "first_train", "start", "too_early")
 
     def __init__(self, settings: EarlyStoppingSettings | None = None) -> None:
         super().__init__(settings)
@@ -104,6 +104,7 @@ class EarlyStoppingRule(Rule):
         self.judged = False  # saw the metric at least once (kept when the rule starts over)
         self.planned: int | None = None  # the run's planned steps (fit)
         self.start: float | None = None  # where the run's training loss started (Window)
+        self.too_early: list[int] = []  # steps of evaluations logged before the rule starts
 
     def fit(self, planned_steps: int) -> str | None:
         self.planned = planned_steps
@@ -130,7 +131,11 @@ class EarlyStoppingRule(Rule):
         if self.metric is None:
             self.metric = validation_metric(sample.metrics)
         value = sample.metrics.get(self.metric) if self.metric else None
-        if not finite(value) or not self.active_at(sample.step):
+        if not finite(value):
+            return None
+        if not self.active_at(sample.step):
+            if len(self.too_early) < 4:  # enough to name them
+                self.too_early.append(sample.step)
             return None
         s, metric = self.settings, self.metric
         assert metric is not None and value is not None
@@ -212,9 +217,16 @@ class EarlyStoppingRule(Rule):
         return text
 
     def blind_reason(self) -> str | None:
-        """Said once at the end of a run that logged evaluations but never this metric."""
-        if not self.judged and self.num_evals == 0:
-            watched = self.settings.metric or "a val_* metric (or eval_loss)"
-            return (f"early_stopping could not judge: the run never logged {watched} with "
-                    "run.log (set monitor.rules.early_stopping.metric to the metric to watch)")
-        return None
+        """Said once at the end of a run whose evaluations it never judged: the metric was
+        missing, or logged only before the rule starts (nanoGPT evaluates at step 0)."""
+        if self.judged or self.num_evals:
+            return None
+        if self.too_early:
+            steps = ", ".join(str(step) for step in self.too_early[:3])
+            more = ", ..." if len(self.too_early) > 3 else ""
+            return (f"early_stopping judged no evaluation: {self.metric} was logged only at "
+                    f"step {steps}{more}, before any training or within its warmup_steps "
+                    f"({self.settings.warmup_steps}); a later evaluation is judged")
+        watched = self.settings.metric or "a val_* metric (or eval_loss)"
+        return (f"early_stopping could not judge: the run never logged {watched} with "
+                "run.log (set monitor.rules.early_stopping.metric to the metric to watch)")
