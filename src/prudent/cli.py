@@ -234,19 +234,23 @@ def profile(
 
     Example: prudent profile baseline
     """
-    from prudent.profile.summary import print_profile
+    from prudent.profile.summary import attempts, print_profile
 
     store = _open_store(config)
     run_id = resolve_run(store, run_ref)
-    summary, findings = _profile_of(store.events(run_id))
+    events = store.events(run_id)
+    summary, findings = _profile_of(events)
     if summary is None:
         status = (store.get_run(run_id) or {}).get("status")
         raise ConfigError(f"run {run_id} has no profile ({status}): a profile is written when "
                           "a run ends; profiling was off, or the process was killed first")
-    if as_json:
-        typer.echo(json.dumps({"id": run_id, "profile": summary, "findings": findings}, indent=2))
+    rows = attempts([e["payload"] for e in events
+                     if (e["kind"], e["name"]) == ("profile", "summary")])
+    if as_json:  # "profile": the newest attempt's, as before; "attempts": each one's
+        typer.echo(json.dumps({"id": run_id, "profile": summary, "findings": findings,
+                               "attempts": rows}, indent=2))
         return
-    print_profile(Console(), run_id, summary)
+    print_profile(Console(), run_id, summary, rows)
 
 
 def _profile_of(events: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:

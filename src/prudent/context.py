@@ -531,6 +531,7 @@ class RunContext:
         if notify:
             self.emit(Event.END, status, reason)
         stop_reason = str(reason) if reason is not None else None
+        payload.setdefault("epochs", self.state.num_epochs)  # None: a loop without epochs
         self.record_event(EventKind.LIFECYCLE, "end", message or status, status=status,
                           stop_reason=stop_reason, **payload)
         self.writer.flush(timeout_s=30.0 if notify else 5.0)

@@ -13,6 +13,7 @@ import torch
 
 import prudent
 from prudent.cli import main
+from prudent.profile.summary import NOT_MEASURED
 from prudent.testing import make_settings
 
 
@@ -74,6 +75,8 @@ def test_prudent_profile_of_an_iteration_loop_speaks_in_steps(
     assert code == 0, out
     assert "profile: 40 steps" in out and "steps/s" in out
     assert "recent throughput: " in out and "samples/s" not in out
+    assert NOT_MEASURED in out  # its get_batch() is inside the step: said, not hidden
+    out = out.replace(NOT_MEASURED, "")
     assert "epoch" not in out and "batch" not in out
 
 
@@ -109,3 +112,32 @@ def test_bad_profile_steps_exit_2_and_write_nothing(home: Path, window: str, wha
                        sys.executable, "-c", "raise SystemExit(9)")
     assert code == 2 and err.startswith(f"prudent: error: --profile-steps '{window}' is {what}")
     assert not home.exists()
+
+
+def test_a_resumed_run_says_which_attempt_the_split_covers(
+        home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from prudent.report.pages import run_page
+    from prudent.report.reader import ReadOnlyStore
+    from prudent.testing import StopAtStep
+
+    monkeypatch.setenv("PRUDENT_RUN_ID", "twice")  # the second start resumes the first
+    settings = make_settings(home, checkpoint={"every": "5steps"}, monitor={"enabled": False})
+    for stop_at in (12, None):
+        run = prudent.init(name="twice", settings=settings, exit_on_stop=False)
+        run.attach(model=torch.nn.Linear(2, 2))
+        if stop_at:
+            run.context.add_component(StopAtStep(stop_at))
+        with run:
+            for _ in run.steps(30):
+                run.step(loss=1.0)
+    code, out, _ = cli(monkeypatch, capsys, "profile", "twice", "--json")
+    rows = json.loads(out)["attempts"]
+    assert code == 0 and [r["attempt"] for r in rows] == [1, 2]
+    assert rows[0]["first_step"] == 0 and rows[1]["last_step"] == 30
+    assert rows[0]["last_step"] == rows[1]["first_step"] == 12  # saved as it stopped
+    code, out, _ = cli(monkeypatch, capsys, "profile", "twice")
+    assert f"the split covers attempt 2 of 2 (steps {rows[1]['first_step']}-30)" in out
+    store = ReadOnlyStore(f"sqlite:///{home / 'prudent.db'}")
+    page = run_page(store, "twice")
+    store.close()
+    assert [a["attempt"] for a in page["profile_attempts"]] == [1, 2]

@@ -14,6 +14,7 @@ import torch
 
 import prudent
 from prudent.profile import Profiler
+from prudent.profile.summary import summary_line
 from prudent.store import Store
 from prudent.testing import make_settings, tiny_model
 
@@ -110,6 +111,22 @@ def test_tokens_passed_to_step_give_tokens_per_second(home: Path) -> None:
     assert profile is not None
     throughput = profile["throughput"]
     assert throughput["tokens_per_s"] == pytest.approx(512 * throughput["steps_per_s"], rel=1e-3)
+
+
+def test_a_loop_that_fetches_its_own_batches_says_data_was_not_measured(home: Path) -> None:
+    # nanoGPT's get_batch: the wait for data is inside the step, where no timer sees it
+    run = prudent.init(name="t", settings=make_settings(home, checkpoint={"enabled": False}),
+                       exit_on_stop=False)
+    with run:
+        for _ in run.steps(5):
+            time.sleep(0.002)  # "get_batch"
+            run.step(loss=1.0)
+    (summary,) = events(home, run, "profile")
+    assert summary["payload"]["data_measured"] is False
+    assert "data not measured" in summary["message"]
+    measured = profiler_of(train(home, steps=5)).summary
+    assert measured is not None and measured["data_measured"] is True
+    assert "not measured" not in summary_line(measured)
 
 
 def test_on_a_cpu_the_profiler_sleeps_and_times_the_kernels_stamps_in_bulk(home: Path) -> None:

@@ -180,3 +180,23 @@ def test_curve_tools_work_on_the_live_dashboard(page: Any, ui: UiServer) -> None
     page.select_option("#x-axis", "wall")
     page.wait_for_function("""() => document.querySelector('.curve[data-metric="loss"]')
         ._fullLayout.xaxis.type === 'date'""")
+
+
+def test_a_resumed_iteration_loop_shows_its_attempts_no_epoch_and_unmeasured_data(
+        page: Any, tmp_path: Path) -> None:
+    data = pagedata.run_page()
+    data["run"]["epoch"] = None  # run.steps(n): no epochs
+    data["profile"]["data_measured"] = False  # its batches come from get_batch(), not run.batches
+    split = {"data_pct": 0.0, "compute_pct": 90.0, "checkpoint_pct": 5.0, "eval_pct": 0.0,
+             "other_pct": 5.0}
+    data["profile_attempts"] = [
+        {"attempt": 1, "first_step": 0, "last_step": 120, "num_steps": 120, "wall_s": 31.0,
+         **split},
+        {"attempt": 2, "first_step": 120, "last_step": 300, "num_steps": 180, "wall_s": 30.0,
+         **split}]
+    _report(page, tmp_path, data)
+    fields = page.locator("#summary dt").all_inner_texts()
+    assert "steps" in fields and "epoch" not in fields
+    assert "attempt 2 of 2 (steps 120–300)" in page.locator("#attempt-note").inner_text()
+    assert page.locator("#attempts tbody tr").count() == 2
+    assert "data not measured" in page.locator("#data-not-measured").inner_text()

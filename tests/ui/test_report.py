@@ -258,3 +258,28 @@ def test_run_pages_carry_the_basic_bundle_and_the_study_page_the_full_one() -> N
     assert basic in run and basic not in study and len(run.encode()) < 1.5e6 < len(study)
     dashboard = page_html(None, "s", inline=False, data_url="/api/studies/s", page="study")
     assert 'src="/assets/plotly.min.js"' in dashboard
+
+
+def test_an_iteration_loop_has_no_epoch_and_its_token_counter_is_not_a_curve(
+        tmp_path: Path) -> None:
+    # nanoGPT's shape: run.steps(n), no epochs, run.step(tokens=...) for tokens/s
+    import prudent
+    from prudent.testing import make_settings
+
+    home = tmp_path / ".prudent"
+    run = prudent.init(name="gpt", settings=make_settings(home), exit_on_stop=False)
+    with run:
+        for step in run.steps(5):
+            run.step(loss=2.0 - step / 10, tokens=1024)
+    epochs = prudent.init(name="mlp", settings=make_settings(home), exit_on_stop=False)
+    with epochs:
+        for _ in epochs.epochs(2):
+            for _ in epochs.batches([0, 1]):
+                epochs.step(loss=1.0)
+    store = ReadOnlyStore(f"sqlite:///{home / 'prudent.db'}")
+    page, epoch_page = run_page(store, run.id), run_page(store, epochs.id)
+    runs = {r["id"]: r for r in runs_page(store, [])["runs"]}
+    store.close()
+    assert page["run"]["epoch"] is None and epoch_page["run"]["epoch"] is not None
+    assert [s["name"] for s in page["series"]] == ["loss"]
+    assert "tokens" not in page["verdict"] and "tokens" not in runs[run.id]["metrics"]

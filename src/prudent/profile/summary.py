@@ -16,10 +16,12 @@ from prudent.profile.timer import CATEGORIES, StepTimer
 if TYPE_CHECKING:
     from rich.console import Console
 
-__all__ = ["SCHEMA", "build_summary", "print_profile", "summary_line"]
+__all__ = ["SCHEMA", "attempts", "build_summary", "print_profile", "summary_line"]
 
 SCHEMA = 1
 RECENT_S = 60.0  # the "recent" throughput covers about the last minute of samples
+NOT_MEASURED = ("data not measured: the loop fetches its own batches (not through "
+                "run.batches), so their loading time is counted in compute")
 
 
 def build_summary(timer: StepTimer, samples: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -32,6 +34,9 @@ def build_summary(timer: StepTimer, samples: list[dict[str, Any]], **extra: Any)
         "setup_s": round(timer.setup_s, 4),
         "breakdown": {name: {"s": round(seconds, 4), "pct": round(_pct(seconds, total), 2)}
                       for name, seconds in timer.breakdown().items()},
+        # a loop that fetches its own batches (nanoGPT's get_batch) has its data time in
+        # compute: said, so that "data 0%" is not read as "never waits for data"
+        "data_measured": timer.num_batches > 0 or not timer.num_steps,
         "step_time_ms": None if step_time is None else {
             "median": round(1e3 * step_time["median_s"], 4),
             "p90": round(1e3 * step_time["p90_s"], 4)},
@@ -102,6 +107,32 @@ def _gpus(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def attempts(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per attempt of a run, oldest first, from each attempt's profile summary: a
+    resumed run's newest summary covers its last attempt only, and these say what came
+    before (steps, wall time, the time split in %)."""
+    return [{"attempt": number, "first_step": s["first_step"], "last_step": s["last_step"],
+             "num_steps": s["num_steps"], "wall_s": s["wall_s"],
+             **{f"{name}_pct": s["breakdown"][name]["pct"] for name in CATEGORIES}}
+            for number, s in enumerate(summaries, start=1)]
+
+
+def attempt_line(rows: list[dict[str, Any]]) -> str:
+    """``the split covers attempt 3 of 3 (steps 251-400); earlier: 1 (steps 0-120, 0:00:31),
+    ...`` or "" for a run of one attempt."""
+    if len(rows) < 2:
+        return ""
+    last = rows[-1]
+
+    def span(row: dict[str, Any]) -> str:
+        return f"steps {row['first_step']}-{row['last_step']}"
+
+    earlier = ", ".join(f"{r['attempt']} ({span(r)}, {timedelta(seconds=round(r['wall_s']))})"
+                        for r in rows[:-1])
+    return (f"the split covers attempt {last['attempt']} of {len(rows)} ({span(last)}); "
+            f"earlier: {earlier}")
+
+
 # for people ---------------------------------------------------------------------------------
 def summary_line(summary: dict[str, Any]) -> str:
     """``profile: 812 steps in 0:00:41 (19.8 steps/s, 634 samples/s); data 62%, ...``."""
@@ -110,6 +141,8 @@ def summary_line(summary: dict[str, Any]) -> str:
                       for k in ("steps_per_s", "samples_per_s", "tokens_per_s") if rates.get(k))
     split = ", ".join(f"{name} {summary['breakdown'][name]['pct']:.0f}%" for name in CATEGORIES
                       if summary["breakdown"][name]["pct"] >= 0.5)
+    if not summary.get("data_measured", True):
+        split += (", " if split else "") + "data not measured"
     found = [f["id"] for f in summary.get("findings", [])]
     verdict = f"findings: {', '.join(found)}" if found else "no bottleneck found"
     wall = timedelta(seconds=round(summary["wall_s"]))
@@ -118,8 +151,10 @@ def summary_line(summary: dict[str, Any]) -> str:
             + (f" ({speed})" if speed else "") + f"; {split or 'no time measured'}; {verdict}")
 
 
-def print_profile(console: Console, run_id: str, summary: dict[str, Any]) -> None:
-    """The ``prudent profile`` view: where the time went, throughput, system, findings."""
+def print_profile(console: Console, run_id: str, summary: dict[str, Any],
+                  earlier: list[dict[str, Any]] | None = None) -> None:
+    """The ``prudent profile`` view: where the time went, throughput, system, findings;
+    ``earlier``: the rows of :func:`attempts` when the run had several."""
     from rich.table import Table
 
     # soft_wrap: long lines (paths, recommendations) stay whole when piped or copied
@@ -132,6 +167,11 @@ def print_profile(console: Console, run_id: str, summary: dict[str, Any]) -> Non
         table.add_row(name, f"{row['s']:.3f}", f"{row['pct']:.1f}%",
                       f"{1e3 * row['s'] / steps:.3f}")
     console.print(table)
+    covered = attempt_line(earlier or [])
+    if covered:
+        console.print(covered, highlight=False, markup=False, soft_wrap=True)
+    if not summary.get("data_measured", True):
+        console.print(NOT_MEASURED, highlight=False, markup=False, soft_wrap=True)
     for line in _detail_lines(summary):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     for finding in summary.get("findings", []):

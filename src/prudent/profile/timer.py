@@ -65,6 +65,7 @@ class StepTimer:
     other_s: float = 0.0
     setup_s: float = 0.0
     num_steps: int = 0
+    num_batches: int = 0  # waits for data timed (run.batches): none, and data is not measured
     num_samples: int = 0
     num_tokens: float = 0.0
     num_evals: int = 0
@@ -108,6 +109,7 @@ class StepTimer:
             self.last_wait_s = wait_s
             self._in_step = True
         self.data_s += wait_s
+        self.num_batches += 1
         self.num_samples += samples
         self._mark = now
 
@@ -149,6 +151,7 @@ class StepTimer:
             previous = [self._mark, *ended[:-1]]
             self.other_s += math.fsum(map(sub, map(sub, arrivals, waits), previous))
             self.data_s += math.fsum(waits)
+            self.num_batches += len(waits)
             self.compute_s += math.fsum(map(sub, ended, arrivals))
             self.num_steps += len(ended)
             self._durations += map(sub, ended, previous)  # wait + compute + the gap before

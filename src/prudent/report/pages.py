@@ -15,6 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from prudent.loop_times import TOKENS
+from prudent.profile.summary import attempts
 from prudent.report.downsample import PROFILE_PREFIX, profile_timeline, run_series
 from prudent.report.reader import ReadOnlyStore
 
@@ -45,7 +47,7 @@ def runs_page(store: ReadOnlyStore, studies: list[str], limit: int = 1000,
                                          "step", "epoch", "restarts", "cost_usd")}
                     | {"duration_s": round(ended - run["started_at"], 3) if ended else None,
                        "metrics": {name: value for name, value in last_metrics(run["id"]).items()
-                                   if not name.startswith(PROFILE_PREFIX)}})
+                                   if is_model_metric(name)}})
     return {"page": "runs", "runs": rows, "studies": studies}
 
 
@@ -61,16 +63,21 @@ def run_page(store: ReadOnlyStore, run_id: str, home: str | Path | None = None,
     if run is None:
         raise KeyError(run_id)
     events = store.events(run_id)
-    profile = _newest(events, "profile", "summary")
+    summaries = [e["payload"] for e in events if (e["kind"], e["name"]) == ("profile", "summary")]
+    profile = summaries[-1] if summaries else None
     curves = _model_series(run_series(store, run_id, run["step"])) if series else None
     summary = _summary(run, store.last_values(run_id, [s["name"] for s in curves or []]))
+    end = _newest(events, "lifecycle", "end")
+    if end is not None and "epochs" in end and end["epochs"] is None:
+        summary["epoch"] = None  # an iteration loop (run.steps) has no epochs: not "epoch 0"
     findings = [{"id": e["name"], "step": e["step"], "message": e["message"]}
                 for e in events if e["kind"] == "finding"]
     return {
         "page": "run", "run": summary, "verdict": verdict(summary, findings),
         "token": token,
         "series": curves, "markers": _markers(events), "events": _event_rows(events),
-        "profile": profile, "timeline": _timeline(store, home, run), "findings": findings,
+        "profile": profile, "profile_attempts": attempts(summaries),
+        "timeline": _timeline(store, home, run), "findings": findings,
         "cost": breakdown(store, run_id), "cost_over_time": _cost_over_time(run, events),
     }
 
@@ -160,7 +167,13 @@ def _event_rows(events: list[dict[str, Any]]) -> dict[str, Any]:
 def _model_series(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The curves of the model (loss, metrics, lr): the profiler's machine series are drawn
     on their own charts."""
-    return [s for s in series if not s["name"].startswith(PROFILE_PREFIX)]
+    return [s for s in series if is_model_metric(s["name"])]
+
+
+def is_model_metric(name: str) -> bool:
+    """Not the profiler's machine series, nor ``run.step(tokens=n)``: a counter whose rate
+    (tokens/s) the profile shows; drawn as a metric it is a flat line at the batch's size."""
+    return not name.startswith(PROFILE_PREFIX) and name != TOKENS
 
 
 def _timeline(store: ReadOnlyStore, home: str | Path | None, run: dict[str, Any]

@@ -197,7 +197,7 @@
       ['stop reason', run.stop_reason || '—'], ['started', when(run.started_at)],
       ['duration', duration(run.duration_s)], ['steps', run.step], ['epoch', run.epoch],
       ['restarts', run.restarts], ['cost', usd(run.cost_usd)], ['host', run.host || ''],
-      ['exit code', run.exit_code === null ? '' : run.exit_code]];
+      ['exit code', run.exit_code === null ? '' : run.exit_code]].filter(([k, v]) => !(k === 'epoch' && v === null));
     return el('section', {cls: 'card', id: 'summary'},
       el('p', {id: 'verdict', text: verdict}),
       el('dl', {cls: 'fields'}, fields.map(([k, v]) => el('div', {}, el('dt', {text: k}), el('dd', {}, v)))));
@@ -330,6 +330,17 @@
       parts.push(el('p', {text: `${p.num_steps} steps in ${duration(p.wall_s)}; ${num(t.steps_per_s)} steps/s` +
         (t.samples_per_s ? `, ${num(t.samples_per_s)} samples/s` : '') + (t.tokens_per_s ? `, ${num(t.tokens_per_s)} tokens/s` : '') +
         (st.median ? `; step time median ${num(st.median)} ms, p90 ${num(st.p90)} ms` : '') + `; device ${p.device || '?'}`}));
+      const tries = data.profile_attempts || [];
+      if (tries.length > 1) {  // a resumed run: the split above is its last attempt's
+        const last = tries[tries.length - 1];
+        parts.push(el('p', {id: 'attempt-note', text: `The split covers attempt ${last.attempt} of ${tries.length} (steps ${last.first_step}–${last.last_step}); each attempt:`}));
+        parts.push(table(['attempt', 'steps', 'time', ...SPLIT.map((n) => n + ' %')], tries.map((a) => el('tr', {},
+          [a.attempt, `${a.first_step}–${a.last_step}`, duration(a.wall_s), ...SPLIT.map((n) => num(a[n + '_pct']))].map((v) => el('td', {text: String(v)})))),
+        {id: 'attempts', cls: 'compact'}));
+      }
+      if (p.data_measured === false) {
+        parts.push(el('p', {cls: 'muted', id: 'data-not-measured', text: 'data not measured: the loop fetches its own batches (not through run.batches), so their loading time is counted in compute'}));
+      }
     } else {
       parts.push(el('p', {cls: 'muted', text: 'no profile yet: the profiler writes its summary when the run ends'}));
     }
