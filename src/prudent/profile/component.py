@@ -226,6 +226,8 @@ class Profiler(Component):
             self._trace_info = {"steps": str(self.trace.window), "message": f"failed: {exc!r}"}
             run.record_event(EventKind.PROFILE, "trace_failed", f"the trace was not written: {exc!r}")
             return
+        finally:  # writing the trace (seconds) is the profiler's stall, not the next step's
+            self.timer.profiler_overhead(clock())
         info = self._trace_info
         run.record_event(EventKind.PROFILE, "trace", f"trace of steps {info['steps']} written to "
                          f"{info['trace']} (open it in ui.perfetto.dev); operators in "

@@ -31,7 +31,7 @@ def build_summary(timer: StepTimer, samples: list[dict[str, Any]], **extra: Any)
     return {
         "schema": SCHEMA, "num_steps": timer.num_steps, "first_step": timer.first_step,
         "last_step": timer.first_step + timer.num_steps, "wall_s": round(total, 4),
-        "setup_s": round(timer.setup_s, 4),
+        "setup_s": round(timer.setup_s, 4), "profiler_s": round(timer.profiler_s, 4),
         "breakdown": {name: {"s": round(seconds, 4), "pct": round(_pct(seconds, total), 2)}
                       for name, seconds in timer.breakdown().items()},
         # a loop that fetches its own batches (nanoGPT's get_batch) has its data time in
@@ -205,6 +205,9 @@ def _detail_lines(summary: dict[str, Any]) -> list[str]:
     trace = summary.get("trace")
     if trace:
         lines.append(f"trace: {trace.get('trace') or trace.get('message')}")
+    if summary.get("profiler_s"):
+        lines.append(f"the profiler's own stall (writing the trace): {summary['profiler_s']:.2f} "
+                     "s, counted in other and in no step")
     return lines
 
 

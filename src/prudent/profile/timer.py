@@ -64,6 +64,7 @@ class StepTimer:
     eval_s: float = 0.0
     other_s: float = 0.0
     setup_s: float = 0.0
+    profiler_s: float = 0.0  # part of other_s: the profiler's own stalls (a trace written)
     num_steps: int = 0
     num_batches: int = 0  # waits for data timed (run.batches): none, and data is not measured
     num_samples: int = 0
@@ -177,6 +178,14 @@ class StepTimer:
             return
         self.eval_s += now - self._mark
         self.num_evals += 1
+        self._mark = now
+
+    def profiler_overhead(self, now: float) -> None:
+        """The profiler's own work on the training thread since the last event (writing a
+        torch.profiler trace): charged to ``other`` and to no step, so it is never an outlier
+        blamed on the user's code."""
+        self.other_s += now - self._mark
+        self.profiler_s += now - self._mark
         self._mark = now
 
     def checkpoint_taken(self, now: float) -> None:
