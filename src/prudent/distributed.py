@@ -105,6 +105,16 @@ class RankGroup:
         work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return PendingFlags(work, tensor)
 
+    def max_of(self, value: float) -> float:
+        """The largest of every rank's ``value`` (blocking: a few tens of microseconds on
+        gloo; for decisions every rank must take alike, such as skipping an update)."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        return float(tensor[0])
+
     def from_main(self, value: bool) -> bool:
         """Rank 0's ``value`` on every rank (blocking: for rare moments such as an epoch end)."""
         return bool(self.post_flags(int(value) if self.ranks.is_main else 0).result()[0])

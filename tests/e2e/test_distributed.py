@@ -42,3 +42,38 @@ def test_stop_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(project
     assert [e["step"] for e in saved][:1] == [12]
     checkpoints = project.path / ".prudent" / "runs" / "ddp" / "checkpoints"
     assert len(list(checkpoints.glob("ckpt-*"))) >= 1
+
+
+@pytest.mark.slow
+def test_a_skip_one_rank_asks_for_is_made_on_every_rank(project: Project) -> None:
+    # only rank 1's loss is an outlier: before the ranks agreed, rank 1 skipped its update
+    # alone and the two replicas ended 0.09 apart (max |dw|) with nothing said
+    (project.path / "prudent.yaml").write_text(
+        "monitor:\n  rules:\n    exploding_gradient: {action: [alert]}\n"
+        "    divergence: {action: [alert]}\n")
+    result = project.prudent("run", "--run-id", "spike", "--",
+                             *torchrun_command("ddp_spike_one_rank.py"), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert float((project.path / "replicas.txt").read_text()) == 0.0
+    skips = [e for e in project.show("spike")["events"] if e["name"] == "skipped_update"]
+    assert [e["step"] for e in skips] == [251]
+    assert "another rank's loss at step 251" in skips[0]["message"]
+    assert "on all 2 ranks alike" in skips[0]["message"]
+
+
+@pytest.mark.slow
+def test_a_rollback_one_rank_asks_for_stops_every_rank_instead(project: Project) -> None:
+    # a rollback is decided at a rank's own check: made by one rank alone it would leave the
+    # replicas apart, so under torchrun it is a stop every rank agrees on (resumable)
+    (project.path / "prudent.yaml").write_text(
+        "monitor:\n  rules:\n    exploding_gradient: {action: [rollback]}\n"
+        "    divergence: {action: [alert]}\n")
+    project.env.update(EVERY_STEP)
+    result = project.prudent("run", "--run-id", "rollback", "--",
+                             *torchrun_command("ddp_spike_one_rank.py"), timeout=300)
+    assert result.returncode == 3, result.stderr
+    shown = project.show("rollback")
+    assert shown["stop_reason"] == "rule:exploding_gradient"
+    (stop,) = [e for e in shown["events"] if e["name"] == "stop_requested"]
+    assert "no rollback under torchrun" in stop["message"]
+    assert not (project.path / "replicas.txt").exists()  # stopped: never reached the end

@@ -246,3 +246,34 @@ def test_a_long_run_of_fast_steps_may_space_its_checks_up_to_a_fiftieth_of_it(
             if run.state.step == 30:
                 break
     assert component.stats.max_check_every == 140
+
+
+@pytest.fixture
+def two_rules_at_once() -> Iterator[None]:
+    def fires_at(name: str, action: str) -> None:
+        @rule(name, action=action)
+        def check(window: Window, settings: Any) -> Finding | None:
+            steps = [s for s in window.steps if s >= 30]
+            return Finding(steps[0], 9.0, 1.0, f"{name} found it") if steps else None
+
+    fires_at("first_sign", "alert")
+    fires_at("second_sign", "stop")
+    yield
+    unregister_rule("first_sign")
+    unregister_rule("second_sign")
+
+
+def test_rules_that_fire_in_one_check_are_one_decision(home: Path,
+                                                       two_rules_at_once: None) -> None:
+    run, _ = monitored_run(home)
+    train(run, epochs=2)
+    assert run.stop_reason == "rule:second_sign"
+    events = rule_events(home, run)
+    (decision,) = [e for e in events if e["name"] == "decision"]
+    payload = decision["payload"]
+    assert [f["rule"] for f in payload["findings"]] == ["first_sign", "second_sign"]
+    assert payload["decided_by"] == "second_sign" and "stop" in payload["findings"][1]["outcome"]
+    assert "2 rules fired at step 30: second_sign decided" in decision["message"]
+    assert "with it: first_sign (first_sign found it)" in decision["message"]
+    # each rule's own event is still there, for what reads them one by one
+    assert {e["name"] for e in events if e["kind"] == "rule"} == {"first_sign", "second_sign"}

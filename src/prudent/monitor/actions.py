@@ -110,6 +110,13 @@ class CaptureAction(Action):
         return "capture requested"
 
 
+# under torchrun each rank's rules judge its own losses at checks of its own timing: a repair
+# one rank made alone would leave the replicas apart (skips are agreed, see the monitor)
+ONE_RANK_ALONE = ("{action} under torchrun: each rank judges its own losses at its own "
+                  "checks, and one rank changing its weights or learning rate alone would leave "
+                  "the ranks' replicas apart")
+
+
 class ReduceLRAction(Action):
     """Multiply the learning rate of every attached optimizer's param groups by ``factor``
     (never below ``min_lr``), and the ``base_lrs`` of attached LR schedulers so the schedule
@@ -127,6 +134,8 @@ class ReduceLRAction(Action):
         s, step = self.settings, firing.detected_at
         if self.last_step is not None and step - self.last_step < s.cooldown_steps:
             return f"reduce_lr in cooldown (reduced at step {self.last_step})"
+        if run.world_size > 1:
+            return ONE_RANK_ALONE.format(action="reduce_lr not applied")
         optimizers, schedulers = _optimizers_and_schedulers(run.objects, self.watched)
         if not optimizers:
             return "reduce_lr: no optimizer attached (run.attach(optimizer=...))"
@@ -181,6 +190,8 @@ class RollbackAction(Action):
         if self.count >= s.max_rollbacks:
             return self._stop(run, firing, f"{self.count} rollbacks already (max_rollbacks "
                               f"{s.max_rollbacks})")
+        if run.world_size > 1:
+            return self._stop(run, firing, ONE_RANK_ALONE.format(action="no rollback"))
         service = run.checkpoints
         back = self._max_steps_back(run)
         restored = service.restore(run, before_step=spike, not_before=None if back is None

@@ -28,7 +28,7 @@ from prudent.errors import StopRun
 from prudent.events import Component, Event, EventKind
 from prudent.launch import LaunchSpec, host_name
 from prudent.monitor.actions import Action, Firing, RollbackAction, build_actions
-from prudent.monitor.base import START_STEPS, EvalSample, Finding, Rule, Window
+from prudent.monitor.base import START_STEPS, EvalSample, Finding, Rule, Window, fmt
 from prudent.monitor.registry import RULES
 from prudent.monitor.settings import MonitorSettings
 from prudent.monitor.stall_stacks import PEER_WAIT_S, RankStacks
@@ -91,6 +91,9 @@ class Monitor(Component):
         self._judged_evals: tuple[int, list[str]] = (-1, [])
         spike = self.rules.get("loss_spike")
         self._skipper = spike if spike is not None and "skip" in spike.settings.action else None
+        # under torchrun: prudent's gloo group, over which the ranks agree on each skip (one
+        # rank skipping an update alone would leave the replicas apart for good)
+        self._agree: Any = None
         self._watched_above: float | None = None  # the threshold the kernel's loss watch has
         self._device_loss_seen = False  # a loss on a device: nothing to watch on the host
         self._check_now = False  # the watch saw a non-finite loss: a check at this step's end
@@ -122,12 +125,18 @@ class Monitor(Component):
                                                                               "webhook_failed", m))
         if "stalled" in self.rules:
             self._start_watchdog(run)
+        if run.world_size > 1 and run.rank_group is not None:
+            self._agree = run.rank_group
         self._kept = run.keep_step_values(self, self._loss_key)
         self._watch_losses(run)  # before the thresholds are known too: a NaN, a device loss
         if any("rollback" in rule.settings.action for rule in self.rules.values()):
             rollback = self._rollback()
             rollback.state = run.state  # a skip restored from a checkpoint counts its batches
             run.wrap_batches(rollback.batches)  # a rollback skips batches
+
+    def _agreeing(self) -> bool:
+        """Skips are decided by every rank together (torchrun, torch.distributed ready)."""
+        return self._skipper is not None and self._agree is not None and self._agree.ready
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
         self.stats.attach(objects)
@@ -176,7 +185,7 @@ class Monitor(Component):
     def _judge_value(self, run: RunContext, value: Any) -> None:
         """The step's loss (a host number, or a tensor on a device) before its update."""
         skipper = self._skipper
-        if skipper is None:
+        if skipper is None or self._agreeing():  # then judged after backward, by every rank
             return
         step = run.state.step + 1
         if value.__class__ is not float:
@@ -186,8 +195,11 @@ class Monitor(Component):
 
     def on_after_backward(self, run: RunContext, loss: Any) -> None:
         step = run.state.step + 1
-        judging = self._skipper is not None and run.loss_watched_step != step
-        if judging:
+        agreeing = self._agreeing()
+        judging = self._skipper is not None and (agreeing or run.loss_watched_step != step)
+        if agreeing:
+            self._judge_agreed(run, step, loss)  # every step, on every rank alike
+        elif judging:
             # a loop that announces its loss after backward only (an adapter of one's own
             # that calls after_backward, not before_backward): judged here, and this hook
             # stays on every step
@@ -224,7 +236,7 @@ class Monitor(Component):
             if self._verdict_due is not None:
                 self._check_at(step)
         self._watch_losses(run)  # a check (or a restored state) moved a threshold
-        if self._skipper is None or run.loss_watched_step == step:
+        if (self._skipper is None or run.loss_watched_step == step) and not self._agreeing():
             # gradients are measured on some steps only: after_backward sleeps until the
             # next (a check may have moved it), unless each step's loss is judged after
             # backward (see on_after_backward)
@@ -253,6 +265,36 @@ class Monitor(Component):
             run.record_event(EventKind.MONITOR, "skipped_update",
                              skipper.describe_skip(step, value),  # type: ignore[attr-defined]
                              step=step, loss=value, rule="loss_spike")
+
+    def _judge_agreed(self, run: RunContext, step: int, loss: Any) -> None:
+        """Under torchrun: each rank judges its own loss, and the update is skipped on every
+        rank when any rank's loss is an outlier (a MAX over prudent's gloo group, a few tens of
+        microseconds, only where losses are read on the host). Each rank counts the agreed
+        skips in its budget, so the budgets stay alike too."""
+        skipper = self._skipper
+        if self._repaired and self._repaired[-1] == step:
+            return  # gradient accumulation: this step's update is skipped already
+        value = run.host_scalar(loss)
+        if value.__class__ is not float:
+            value = self._device_loss(run, loss)  # every rank alike: all losses on devices
+            if value is None:
+                return
+        mine = skipper.outlier_sigmas(step, value)  # type: ignore[union-attr]
+        agreed = self._agree.max_of(mine)
+        if not agreed > 0 or not skipper.take_skip(step):  # type: ignore[union-attr]
+            return
+        self._skip_next_update()
+        self._repaired.append(step)
+        run.wake(self)  # its end puts the optimizers' step back
+        if mine > 0:
+            said = skipper.describe_skip(step, value)  # type: ignore[union-attr]
+        else:
+            said = (f"another rank's loss at step {step} was {agreed:.3g} standard deviations "
+                    "above its moving mean (this rank's: "
+                    f"{fmt(value)}): its optimizer update was skipped")
+        run.record_event(EventKind.MONITOR, "skipped_update", f"{said}, on all "
+                         f"{run.world_size} ranks alike", step=step, loss=value,
+                         rule="loss_spike", ranks_agreed=True, sigmas=_number(agreed))
 
     def _judge_device_loss(self, run: RunContext, step: int, loss: Any) -> None:
         value = self._device_loss(run, loss)
@@ -376,6 +418,7 @@ class Monitor(Component):
         # stops), rather than another repair of its symptom
         ordered = sorted((self._noting_came_back(f) for f in firings),
                          key=lambda pair: (not pair[1], _began(pair[0])))
+        decided: list[tuple[Firing, str]] = []
         for firing, _ in ordered:
             if isinstance(rollback, RollbackAction) and rollback.count > done:
                 rule = self.rules.get(firing.rule)
@@ -391,7 +434,11 @@ class Monitor(Component):
                     # and stops then (or the rollbacks run out)
                     self._repaired_by_rollback(run, firing, rollback.last[1])
                     continue
-            self.fire(run, firing)
+            outcome = self.fire(run, firing)
+            if outcome is not None:
+                decided.append((firing, outcome))
+        if len(decided) > 1:
+            self._record_decision(run, decided)
         if isinstance(rollback, RollbackAction) and rollback.count > done:
             self._rolled_back()
         self._ask_verdicts(run, window)
@@ -571,17 +618,40 @@ class Monitor(Component):
                 found.append((name, finding))
         return found
 
-    def fire(self, run: RunContext, firing: Firing) -> None:
-        """Announce a firing and run its rule's actions (unless the rule is cooling down)."""
+    def fire(self, run: RunContext, firing: Firing) -> str | None:
+        """Announce a firing and run its rule's actions (unless the rule is cooling down:
+        then None); returns what the actions did."""
         rule = self.rules.get(firing.rule)
         if rule is None or firing.detected_at < self._muted_until.get(firing.rule, -1):
-            return
+            return None
         self._muted_until[firing.rule] = firing.detected_at + rule.settings.cooldown_steps
         names = list(rule.settings.action)
         outcome = "; ".join(self.actions[a].apply(run, firing) for a in names)
         outcome += self._restore_best(run, firing)
         self.firings.append(firing)
         self._announce(run, firing, names, outcome)
+        return outcome
+
+    def _record_decision(self, run: RunContext, decided: list[tuple[Firing, str]]) -> None:
+        """Several rules fired in one check: one event says what was decided, by which rule
+        (the one whose action weighs most on the run: a stop, then a rollback, a lower
+        learning rate, a skip, an alert), and every finding behind it with what its actions
+        did, in the order they were acted on."""
+        def weight(pair: tuple[Firing, str]) -> int:
+            actions = self.rules[pair[0].rule].settings.action
+            return max((_ACTION_WEIGHT.get(a, 0) for a in actions), default=0)
+
+        first, outcome = max(decided, key=weight)  # the first of the heaviest
+        also = "; ".join(f"{f.rule} ({f.finding.message}) -> {o}" for f, o in decided
+                         if f is not first)
+        run.record_event(
+            EventKind.MONITOR, "decision",
+            f"{len(decided)} rules fired at step {first.detected_at}: {first.rule} decided "
+            f"({first.finding.message}) -> {outcome}; with it: {also}",
+            step=first.finding.step, decided_by=first.rule, outcome=outcome,
+            findings=[{"rule": f.rule, "step": f.finding.step, "message": f.finding.message,
+                       "action": list(self.rules[f.rule].settings.action), "outcome": o}
+                      for f, o in decided])
 
     def _announce(self, run: RunContext, firing: Firing, actions: list[str], outcome: str) -> None:
         f = firing.finding
@@ -693,6 +763,9 @@ class Monitor(Component):
         if self._wake_installed and threading.current_thread() is threading.main_thread():
             signal.signal(_WAKE_SIGNAL, self._previous_handler)  # type: ignore[arg-type]
             self._wake_installed = False
+
+
+_ACTION_WEIGHT = {"stop": 5, "prune": 5, "rollback": 4, "reduce_lr": 3, "skip": 2}
 
 
 def _began(firing: Firing) -> int:

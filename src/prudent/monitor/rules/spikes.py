@@ -108,8 +108,20 @@ class LossSpikeRule(Rule):
     def skips(self, step: int, loss: float) -> bool:
         """True when ``loss`` at ``step`` is an outlier whose update should be skipped (and the
         budget of skips per window allows it). Cheap: one comparison on most steps."""
-        if not loss > self._at(step)[1] or not math.isfinite(loss) or not self.active_at(step):
-            return False
+        return self.outlier_sigmas(step, loss) > 0 and self.take_skip(step)
+
+    def outlier_sigmas(self, step: int, loss: float) -> float:
+        """How many standard deviations ``loss`` is above its moving mean when it is an
+        outlier to skip at ``step`` (inf for a flat history), else 0."""
+        threshold = self._at(step)
+        if not loss > threshold[1] or not math.isfinite(loss) or not self.active_at(step):
+            return 0.0
+        mean, std = threshold[2] or 0.0, threshold[3]
+        return (loss - mean) / std if std else math.inf
+
+    def take_skip(self, step: int) -> bool:
+        """Count a skip at ``step`` if the budget per window allows it (under torchrun every
+        rank counts the skips they agreed on, so their budgets stay alike)."""
         if len(self.skipped) == self.skipped.maxlen and step - self.skipped[0] < self.settings.window:
             return False  # the budget is spent: a spike that lasts, for check() to judge
         self.skipped.append(step)
