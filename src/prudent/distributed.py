@@ -105,15 +105,16 @@ class RankGroup:
         work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return PendingFlags(work, tensor)
 
-    def max_of(self, value: float) -> float:
-        """The largest of every rank's ``value`` (blocking: a few tens of microseconds on
-        gloo; for decisions every rank must take alike, such as skipping an update)."""
+    def post_max(self, value: float) -> PendingFlags:
+        """Start a MAX all-reduce of every rank's ``value`` (a float); ``result()[0]`` is the
+        largest. For decisions every rank must take alike, such as skipping an update: posted
+        before the backward pass, read after it, its latency hides behind the backward."""
         import torch
         import torch.distributed as dist
 
         tensor = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
-        return float(tensor[0])
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return PendingFlags(work, tensor)
 
     def from_main(self, value: bool) -> bool:
         """Rank 0's ``value`` on every rank (blocking: for rare moments such as an epoch end)."""

@@ -94,6 +94,7 @@ class Monitor(Component):
         # under torchrun: prudent's gloo group, over which the ranks agree on each skip (one
         # rank skipping an update alone would leave the replicas apart for good)
         self._agree: Any = None
+        self._vote: tuple[int, float, float, Any] | None = None  # step, loss, mine, in flight
         self._watched_above: float | None = None  # the threshold the kernel's loss watch has
         self._device_loss_seen = False  # a loss on a device: nothing to watch on the host
         self._check_now = False  # the watch saw a non-finite loss: a check at this step's end
@@ -125,8 +126,11 @@ class Monitor(Component):
                                                                               "webhook_failed", m))
         if "stalled" in self.rules:
             self._start_watchdog(run)
-        if run.world_size > 1 and run.rank_group is not None:
+        if run.world_size > 1 and run.rank_group is not None and self._skipper is not None:
             self._agree = run.rank_group
+            # each rank's vote is posted as the loss is known, before the backward pass (a
+            # handler added only here: a single process pays no call per step for it)
+            run.handlers[Event.BEFORE_BACKWARD].append(self._post_vote)
         self._kept = run.keep_step_values(self, self._loss_key)
         self._watch_losses(run)  # before the thresholds are known too: a NaN, a device loss
         if any("rollback" in rule.settings.action for rule in self.rules.values()):
@@ -266,21 +270,36 @@ class Monitor(Component):
                              skipper.describe_skip(step, value),  # type: ignore[attr-defined]
                              step=step, loss=value, rule="loss_spike")
 
-    def _judge_agreed(self, run: RunContext, step: int, loss: Any) -> None:
-        """Under torchrun: each rank judges its own loss, and the update is skipped on every
-        rank when any rank's loss is an outlier (a MAX over prudent's gloo group, a few tens of
-        microseconds, only where losses are read on the host). Each rank counts the agreed
-        skips in its budget, so the budgets stay alike too."""
-        skipper = self._skipper
-        if self._repaired and self._repaired[-1] == step:
-            return  # gradient accumulation: this step's update is skipped already
+    def _post_vote(self, run: RunContext, loss: Any) -> None:
+        """BEFORE_BACKWARD under torchrun: this rank's vote on skipping the step's update (how
+        many standard deviations its loss is above its mean, 0 if no outlier), posted to the
+        other ranks; :meth:`_judge_agreed` reads the result after the backward pass."""
+        step = run.state.step + 1
+        if not self._agreeing() or (self._repaired and self._repaired[-1] == step):
+            return  # (gradient accumulation: this step's update is skipped already)
         value = run.host_scalar(loss)
         if value.__class__ is not float:
             value = self._device_loss(run, loss)  # every rank alike: all losses on devices
             if value is None:
                 return
-        mine = skipper.outlier_sigmas(step, value)  # type: ignore[union-attr]
-        agreed = self._agree.max_of(mine)
+        mine = self._skipper.outlier_sigmas(step, value)  # type: ignore[union-attr]
+        self._vote = (step, value, mine, self._agree.post_max(mine))
+
+    def _judge_agreed(self, run: RunContext, step: int, loss: Any) -> None:
+        """Under torchrun: each rank judges its own loss, and the update is skipped on every
+        rank when any rank's loss is an outlier (a MAX over prudent's gloo group, posted before
+        the backward pass; only where losses are read on the host). Each rank counts the
+        agreed skips in its budget, so the budgets stay alike too."""
+        skipper = self._skipper
+        if self._repaired and self._repaired[-1] == step:
+            return  # gradient accumulation: this step's update is skipped already
+        if self._vote is None or self._vote[0] != step:  # a loop with no BEFORE_BACKWARD
+            self._post_vote(run, loss)
+            if self._vote is None or self._vote[0] != step:
+                return
+        _, value, mine, pending = self._vote
+        self._vote = None
+        agreed = pending.result()[0]
         if not agreed > 0 or not skipper.take_skip(step):  # type: ignore[union-attr]
             return
         self._skip_next_update()
