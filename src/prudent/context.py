@@ -96,6 +96,12 @@ class RunContext:
         # since (an evaluation on the global generator), so resuming from it re-does exactly
         # what the loop does again (see CheckpointManager.keep)
         self.boundary: tuple[int, int, int, int, Any] | None = None
+        # Python's and NumPy's generators at a boundary an evaluation is foreseen after (step,
+        # states; see evaluated)
+        self.boundary_generators: tuple[int, dict[str, Any]] | None = None
+        self._generators_at = -1
+        self._generators_every = False
+        self._evaluated_at = (-1, -1)  # the boundaries of the last two evaluations
         self.carried: dict[str, Any] = {}  # run.carry's values by name: in the checkpoint, per rank
         self.resume_carried: dict[str, Any] = {}  # the checkpoint's, for each name's first call
         import torch
@@ -440,6 +446,30 @@ class RunContext:
         state = self.state
         self.boundary = (state.step, state.epoch, state.batches_in_epoch,
                          state.epoch_samples_before, self._torch_rng_state())
+        if (state.step == self._generators_at or self._generators_every
+                or self.boundary_generators is None):
+            from prudent.rng import host_generators
+
+            self.boundary_generators = (state.step, host_generators())
+
+    def evaluated(self) -> None:
+        """An evaluation was logged (said by the component that may keep a checkpoint at it:
+        early stopping). A checkpoint kept there must hold Python's and NumPy's generators as
+        of the boundary before it (a resumed loop does the evaluation again), but reading
+        them costs ~50 us, too dear for every step: they are read at the first boundary,
+        then at every one until the second evaluation, and from then on at the boundary the
+        last two evaluations' spacing foresees (nanoGPT's ``eval_interval``); an evaluation
+        that comes elsewhere has them read at every boundary again until the next one."""
+        if self.boundary is None:
+            return
+        at = self.boundary[0]
+        last, newest = self._evaluated_at
+        if at == newest:
+            return  # another run.log of the same evaluation
+        foreseen = at == self._generators_at
+        self._evaluated_at = last, newest = newest, at
+        self._generators_every = last < 0 or not (foreseen or self._generators_every)
+        self._generators_at = newest + (newest - last) if last >= 0 else -1
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, RNG states and every component's state: all a checkpoint needs of the run."""

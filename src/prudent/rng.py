@@ -8,6 +8,7 @@ pickled ndarrays are what breaks other tools' resume under ``weights_only``).
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import torch
@@ -22,6 +23,16 @@ def capture_rng() -> dict[str, Any]:
         state["numpy"] = numpy_state
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def host_generators() -> dict[str, Any]:
+    """Python's and NumPy's global generators (NumPy's only where the script imported it)."""
+    state: dict[str, Any] = {"python": random.getstate()}
+    if "numpy" in sys.modules:
+        numpy_state = _numpy_state()
+        if numpy_state is not None:
+            state["numpy"] = numpy_state
     return state
 
 

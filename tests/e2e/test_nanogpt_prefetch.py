@@ -10,6 +10,7 @@ import json
 import re
 import sys
 
+import pytest
 import torch
 
 from tests.e2e.conftest import Project, script
@@ -18,15 +19,21 @@ from tests.e2e.test_resume import assert_identical
 PREFETCH = script("nanogpt_prefetch.py")
 
 
+# NumPy's and Python's generators are read at the boundary an evaluation is foreseen after
+# (from the last two evaluations' spacing): without that, a keep held them as the evaluation
+# left them, and the resumed run drew other batches
+@pytest.mark.parametrize("draws", ["torch", "numpy", "python"])
 def test_resumed_from_a_checkpoint_kept_inside_run_log_the_run_is_bit_identical(
-        project: Project) -> None:
+        project: Project, draws: str) -> None:
     project.env.update({"PRUDENT_CHECKPOINT_EVERY": "off"})  # only early stopping's keeps
     (project.path / "prudent.yaml").write_text("checkpoint: {keep: 100}\n")  # all kept to read
-    reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--",
+    reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--set",
+                                f"draws={draws}", "--",
                                 sys.executable, PREFETCH)
     assert reference.returncode == 0, reference.stderr
     killed = project.prudent("run", "--run-id", "kill", "--max-restarts", "1", "--set",
-                             "die_at=25", "--", sys.executable, PREFETCH)
+                             "die_at=25", "--set", f"draws={draws}", "--", sys.executable,
+                             PREFETCH)
     assert killed.returncode == 0, killed.stderr
     # the newest checkpoint is one early stopping kept at an evaluation (iteration 20's, as
     # a rule), after that evaluation drew its batches and with the next batch prefetched

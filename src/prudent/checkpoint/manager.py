@@ -349,7 +349,8 @@ class Checkpointer(Component):
         payload["run"]["ranks"] = parts
         meta["world"] = world_of([p or {"host": "?"} for p in parts])
         if at_boundary and run.boundary is not None:
-            self._last_position = _as_at_boundary(run.boundary, payload, meta)
+            self._last_position = _as_at_boundary(run.boundary, payload, meta,
+                                                  run.boundary_generators)
         prepared_s = time.perf_counter() - started
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
@@ -533,17 +534,22 @@ def _default_location(run: RunContext) -> str:
 
 
 def _as_at_boundary(boundary: tuple[int, int, int, int, Any], payload: dict[str, Any],
-                    meta: dict[str, Any]) -> tuple[int, int, int]:
+                    meta: dict[str, Any],
+                    generators: tuple[int, dict[str, Any]] | None = None) -> tuple[int, int, int]:
     """Make a checkpoint taken between two steps hold the last boundary's position and
     torch generator (what the loop drew since, an evaluation's batches, is drawn again when
-    it resumes there); returns the position."""
+    it resumes there), and Python's and NumPy's where they were read at that boundary
+    (``generators``: step, states; see ``RunContext.evaluated``); returns the position."""
     step, epoch, batches, before, torch_state = boundary
     payload["run"]["state"].update(epoch=epoch, batches_in_epoch=batches,
                                    epoch_samples_before=before)
-    payload["run"]["rng"]["torch"] = torch_state
+    at_boundary = {"torch": torch_state}
+    if generators is not None and generators[0] == step:
+        at_boundary.update(generators[1])
+    payload["run"]["rng"].update(at_boundary)
     for part in payload["run"].get("ranks") or []:
         if part is not None:  # this rank's own (rank 0's: keep is asked there alone)
-            part["rng"] = {**part["rng"], "torch": torch_state}
+            part["rng"] = {**part["rng"], **at_boundary}
     meta.update(epoch=epoch, batches_in_epoch=batches)
     return step, epoch, batches
 

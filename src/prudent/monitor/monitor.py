@@ -28,7 +28,15 @@ from prudent.errors import StopRun
 from prudent.events import Component, Event, EventKind
 from prudent.launch import LaunchSpec, host_name
 from prudent.monitor.actions import Action, Firing, RollbackAction, build_actions
-from prudent.monitor.base import START_STEPS, EvalSample, Finding, Rule, Window, fmt
+from prudent.monitor.base import (
+    START_STEPS,
+    EvalSample,
+    Finding,
+    Rule,
+    Window,
+    fmt,
+    validation_metric,
+)
 from prudent.monitor.registry import RULES
 from prudent.monitor.settings import MonitorSettings
 from prudent.monitor.stall_stacks import PEER_WAIT_S, RankStacks
@@ -346,6 +354,8 @@ class Monitor(Component):
 
     def on_log(self, run: RunContext, metrics: dict[str, float]) -> None:
         self._num_logs += 1  # progress, for the watchdog
+        if "early_stopping" in self.rules and validation_metric(metrics) is not None:
+            run.evaluated()  # its keeps at the next evaluations hold the generators before it
         self.check(run, metrics)
         run.wake(self)  # the check may have moved what is due next: planned again at the step
 

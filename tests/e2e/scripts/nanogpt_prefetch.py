@@ -5,11 +5,14 @@ the global generator, and dropout is on. prudent's lines: `run.carry` around the
 `get_batch('train')` calls and `best_val_loss` (kept across iterations); early stopping keeps
 each new best evaluation's checkpoint from inside `run.log`. `die_at` SIGKILLs the process at
 that iteration once (a vanished machine; a `died` file marks it); `out` writes the final
-weights and `best_val_loss`."""
+weights and `best_val_loss`. `draws` picks the generator get_batch draws its offsets from:
+torch's (nanoGPT's), NumPy's or Python's global one."""
 
 import os
+import random
 import signal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,10 +21,12 @@ import prudent
 
 run = prudent.init(name="prefetch", config={
     "max_iters": 60, "eval_interval": 10, "eval_iters": 3, "batch_size": 8, "block_size": 16,
-    "lr": 3e-2, "dropout": 0.2, "die_at": 0, "out": "final.pt"})
+    "lr": 3e-2, "dropout": 0.2, "die_at": 0, "out": "final.pt", "draws": "torch"})
 cfg = run.config
 out = cfg["out"]
 torch.manual_seed(1337)
+np.random.seed(1337)
+random.seed(1337)
 noise = torch.rand(4000, generator=torch.Generator().manual_seed(0)) < 0.2
 data = torch.zeros(4000, dtype=torch.long)
 for i in range(1, 4000):  # a bigram chain to learn (each token mostly decides the next)
@@ -31,7 +36,13 @@ train_data, val_data = data[:3600], data[3600:]
 
 def get_batch(split):
     source = train_data if split == "train" else val_data
-    ix = torch.randint(len(source) - cfg["block_size"], (cfg["batch_size"],))
+    high, size = len(source) - cfg["block_size"], cfg["batch_size"]
+    if cfg["draws"] == "numpy":
+        ix = np.random.randint(high, size=size).tolist()
+    elif cfg["draws"] == "python":
+        ix = [random.randrange(high) for _ in range(size)]
+    else:
+        ix = torch.randint(high, (size,))
     x = torch.stack([source[i:i + cfg["block_size"]] for i in ix])
     y = torch.stack([source[i + 1:i + 1 + cfg["block_size"]] for i in ix])
     return x, y
