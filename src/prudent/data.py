@@ -4,7 +4,9 @@ At the start of each epoch the run notes the generator states that decide the sh
 (before the loader draws them). To resume mid-epoch it puts those states back, rebuilds the
 same order, skips the batches already trained on at the index level (no data is loaded for
 them) and only then restores the RNG as it was at the checkpoint, so dropout and the rest
-continue exactly. Loaders that cannot be skipped by index are read and discarded instead.
+continue exactly. Loaders that cannot be skipped by index are read and discarded instead: those
+that are not plain DataLoaders over map-style datasets, and those with workers (each worker's
+generator is advanced by every sample it loads, so its augmentations depend on what it loaded).
 """
 
 from __future__ import annotations
@@ -47,10 +49,8 @@ def resume_iterator(loader: Iterable[Any], epoch_state: dict[str, Any], num_skip
     skipping = _index_skipping_loader(loader, num_skip, after_skip)
     if skipping is not None:
         return iter(skipping)
-    warnings.warn(
-        f"prudent resumes this {type(loader).__name__} by reading and discarding {num_skip} "
-        "batches: it is not a plain DataLoader over a map-style dataset, so batches cannot be "
-        "skipped by index", stacklevel=3)
+    warnings.warn(f"prudent resumes this {type(loader).__name__} by reading and discarding "
+                  f"{num_skip} batches: {_why_read(loader)}", stacklevel=3)
     iterator = iter(loader)
     for _ in range(num_skip):
         next(iterator, None)
@@ -122,12 +122,26 @@ def _index_skipping_loader(loader: Iterable[Any], num_skip: int,
                            after_skip: Callable[[], None]) -> DataLoader[Any] | None:
     if type(loader) is not DataLoader or isinstance(loader.dataset, IterableDataset):
         return None
+    if loader.num_workers > 0:
+        # each worker's generator is seeded when the epoch starts and advanced by every sample
+        # it loads (random crops): skipped by index, the rest would be augmented differently
+        return None
     options = _options(loader)
     if loader.batch_sampler is not None:
         sampler = _SkipFirst(loader.batch_sampler, num_skip, after_skip)
         return DataLoader(loader.dataset, batch_sampler=sampler, **options)
     sampler = _SkipFirst(loader.sampler, num_skip, after_skip)
     return DataLoader(loader.dataset, batch_size=None, sampler=sampler, **options)
+
+
+def _why_read(loader: Iterable[Any]) -> str:
+    workers = getattr(loader, "num_workers", 0)
+    if type(loader) is DataLoader and not isinstance(loader.dataset, IterableDataset) and workers:
+        return (f"its {workers} workers draw their random numbers (augmentation) as they load, "
+                "so the batches after the skipped ones come out the same only if the workers "
+                "load the skipped ones first")
+    return ("it is not a plain DataLoader over a map-style dataset, so batches cannot be "
+            "skipped by index")
 
 
 def _options(loader: DataLoader[Any]) -> dict[str, Any]:

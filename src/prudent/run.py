@@ -30,6 +30,29 @@ __all__ = ["Run", "RunSettings"]
 SMOKE_MAX_EPOCHS = 2
 
 
+
+class Batches(Iterator[Any]):
+    """What ``run.batches(loader)`` returns: its batches, with the loader's ``len()`` where it
+    has one (a generator has none, and progress loggers ask for it)."""
+
+    __slots__ = ("_batches", "_loader")
+
+    def __init__(self, batches: Iterator[Any], loader: Iterable[Any]) -> None:
+        self._batches, self._loader = batches, loader
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]  # TypeError: a loader without one
+
+    def close(self) -> None:
+        """Stop early (as a generator's ``close``): the epoch's bookkeeping ends here."""
+        self._batches.close()  # type: ignore[attr-defined]
+
 class RunSettings(BaseModel):
     """``run:`` in prudent.yaml: how the kernel itself behaves."""
 
@@ -249,8 +272,13 @@ class Run:
             ctx.emit(Event.EPOCH_END, state.epoch - 1)
             ctx.check_stop()
 
-    def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
-        """Yield the loader's batches, timing each wait for data."""
+    def batches(self, loader: Iterable[Any]) -> Batches:
+        """Yield the loader's batches, timing each wait for data. ``len()`` of it is the
+        loader's (a progress logger around it, torchvision's ``MetricLogger.log_every`` or
+        tqdm, needs one)."""
+        return Batches(self._batches(loader), loader)
+
+    def _batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         ctx, state = self.context, self.context.state
         try:
             state.batches_per_epoch = len(loader)  # type: ignore[arg-type]

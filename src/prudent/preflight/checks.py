@@ -235,11 +235,10 @@ def check_gradients(result: PreflightResult) -> CheckResult:
                            "parameters get gradients but are in no attached optimizer: "
                            f"{_names(grads['not_in_optimizer'])}", "build the optimizer from "
                            "model.parameters() after every layer exists")
-    if grads["frozen"]:
-        return CheckResult("gradients", title, "warn", f"all {grads['num_trainable']} trainable "
-                           f"parameters get gradients; {len(grads['frozen'])} are frozen "
-                           f"(requires_grad=False): {_names(grads['frozen'])}",
-                           "if freezing them was not intended, set requires_grad=True")
+    if grads["frozen"]:  # requires_grad=False is set by the script: a frozen backbone, not a bug
+        return CheckResult("gradients", title, "pass", f"all {grads['num_trainable']} trainable "
+                           f"parameters got gradients; {len(grads['frozen'])} frozen by the "
+                           f"script (requires_grad=False): {_names(grads['frozen'])}")
     return CheckResult("gradients", title, "pass", f"all {grads['num_trainable']} parameters "
                        "got gradients")
 

@@ -120,8 +120,9 @@ class PreflightProbe(Component):
             if isinstance(obj, torch.nn.Module):
                 self._watch_module(key, obj)
             elif isinstance(obj, torch.optim.Optimizer):
-                self._optimizers.append(obj)
-                self._hooks.append(obj.register_step_post_hook(self._optimizer_stepped))
+                stepped = _stepped_optimizer(obj)
+                self._optimizers.append(stepped)
+                self._hooks.append(stepped.register_step_post_hook(self._optimizer_stepped))
 
     def on_batch_loaded(self, run: RunContext, batch: Any, wait_s: float) -> None:
         self._batch_started = time.perf_counter() - wait_s
@@ -352,6 +353,16 @@ class PreflightProbe(Component):
         tmp = self._out.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.record, default=str))
         os.replace(tmp, self._out)
+
+
+def _stepped_optimizer(optimizer: Any) -> Any:
+    """The optimizer whose ``step()`` runs: the one a wrapper holds in ``.optimizer``.
+    accelerate's ``AcceleratedOptimizer`` subclasses ``Optimizer`` without its ``__init__`` (so
+    it has no step hooks of its own) and steps the optimizer it wraps."""
+    import torch
+
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
 
 
 def _to_float(value: Any) -> float | None:
