@@ -376,6 +376,35 @@ def test_a_write_gives_up_when_the_server_stays_away(postgres: PostgresServer,
     store.close()
 
 
+def test_a_server_gone_for_good_costs_one_wait_not_one_per_call(postgres: PostgresServer,
+                                                               pg_url: str) -> None:
+    import time
+
+    store = Store(pg_url)
+    store.create_run("r1", "one")
+    store.unreachable_wait_s = 1.5
+    writer = StoreWriter(store, flush_interval_s=0.05)
+    postgres.stop()
+    try:
+        took = []
+        for call in (lambda: store.update_run("r1", step=3), lambda: store.get_run("r1")):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                call()
+            took.append(time.monotonic() - started)
+        writer.put_metrics("r1", [(3, 0.0, {"loss": 1.0})])
+        started = time.monotonic()
+        writer.close()  # the run's end: the server has had its wait already
+        took.append(time.monotonic() - started)
+    finally:
+        postgres.start()
+    assert took[0] >= 1.5 and took[1] < 1.0 and took[2] < 1.0, took
+    assert writer.num_dropped == 1
+    store.update_run("r1", step=4)  # back: it answers, and a later outage is waited for again
+    assert store.wait_left_s() is None and (store.get_run("r1") or {})["step"] == 4
+    store.close()
+
+
 def test_metric_rows_are_rolled_up_with_them_and_forgotten_with_the_run(store: Store) -> None:
     from prudent.store import ROLLUP_WIDTHS, metric_rollup
 

@@ -277,12 +277,17 @@ _SLOW = _SlowCalls()
 class Store:
     """Typed access to the run store. Thread-safe; short transactions only."""
 
+    _away_since: float | None = None  # when a call first found the server away (monotonic)
+
     def __init__(self, url: str) -> None:
         self.url = mask_url(url)  # for messages; the password stays in the engine only
         self.engine = self._create_engine(database_url(url))
         self._writer_engine = self.engine.execution_options(prudent_write=True)
         # How long a call waits for a server that went away before it raises: long enough
-        # for a restart or a failover, so the end of a run is still recorded.
+        # for a restart or a failover, so the end of a run is still recorded. Counted from
+        # the first call that found it away: once it has had that long, every call fails at
+        # once until one gets through (a server gone for good costs a run's end one wait,
+        # not one per call).
         self.unreachable_wait_s = 0.0 if self.engine.dialect.name == "sqlite" else 30.0
         try:
             with _SLOW.timing(self.url):
@@ -464,7 +469,7 @@ class Store:
                     event_rows: Sequence[dict[str, Any]]) -> None:
         """Metrics and events in one transaction: a failed batch can be retried whole."""
         if metric_rows or event_rows:
-            _retry(lambda: self._write_records(metric_rows, event_rows))
+            self._timed(lambda: _retry(lambda: self._write_records(metric_rows, event_rows)))
 
     def _write_records(self, metric_rows: Sequence[dict[str, Any]],
                        event_rows: Sequence[dict[str, Any]]) -> None:
@@ -529,11 +534,34 @@ class Store:
 
     def _retry(self, fn: Callable[[], T]) -> T:
         try:
-            with _SLOW.timing(self.url):
-                return _retry(fn, wait_s=self.unreachable_wait_s)
+            return self._timed(lambda: _retry(fn, wait_s=self._wait_left_s()))
         except (OperationalError, InterfaceError) as exc:  # the rest: refused for what it held
             raise StoreUnavailable(f"cannot use the run store {self.url}: "
                                    f"{describe_error(exc)}") from exc
+
+    def _timed(self, call: Callable[[], T]) -> T:
+        """``call``, noting when the server was first found away and when it answers again."""
+        began = time.monotonic()
+        try:
+            with _SLOW.timing(self.url):
+                found = call()
+        except (OperationalError, InterfaceError):
+            if self._away_since is None:
+                self._away_since = began
+            raise
+        self._away_since = None
+        return found
+
+    def _wait_left_s(self) -> float:
+        left = self.wait_left_s()
+        return self.unreachable_wait_s if left is None else left
+
+    def wait_left_s(self) -> float | None:
+        """While the server is known to be away, how much longer a call waits for it (0: a
+        call fails at once); None while it answers, and for SQLite (no server to wait for)."""
+        if self._away_since is None or not self.unreachable_wait_s:
+            return None
+        return max(0.0, self.unreachable_wait_s - (time.monotonic() - self._away_since))
 
     def _read(self, fn: Callable[[sa.Connection], T]) -> T:
         def read() -> T:

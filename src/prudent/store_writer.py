@@ -93,7 +93,7 @@ class StoreWriter:
         rows: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
         deadline = time.monotonic() + self.flush_interval_s
         stop_by: float | None = None
-        while stop_by is None or (rows[0] or rows[1]) and time.monotonic() < stop_by:
+        while stop_by is None or (rows[0] or rows[1]) and self._waits_on(stop_by):
             waiters: list[threading.Event] = []
             try:
                 item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -110,6 +110,14 @@ class StoreWriter:
         if rows[0] or rows[1]:
             self._drop(rows, len(rows[0]), len(rows[1]), "the run store stayed unreachable "
                        "until the run ended", final=True, unreachable=True)
+
+    def _waits_on(self, stop_by: float) -> bool:
+        """Whether the run's end still waits for the store: until ``stop_by``, or less once a
+        server found away has had the time the store gives it (its calls fail at once then:
+        waiting on would only delay the run's exit)."""
+        wait_left_s = getattr(self.store, "wait_left_s", None)  # a store without a server: none
+        left = wait_left_s() if wait_left_s is not None else None
+        return time.monotonic() < stop_by and (left is None or left > 0)
 
     def _take(self, item: tuple[Any, ...], rows: tuple[list[dict[str, Any]], list[dict[str, Any]]],
               waiters: list[threading.Event]) -> float | None:

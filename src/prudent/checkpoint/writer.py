@@ -225,14 +225,22 @@ class CheckpointWriter:
             handle = None
             self._check_committed(name, state_bytes)
             result.deleted = self._retain(newest=name)
-        except Exception as exc:  # reported as an event by the manager, never swallowed
-            result.error = f"{type(exc).__name__}: {exc}"
+        except _write_errors() as exc:  # reported as an event by the manager, never swallowed
+            result.error = _describe(exc)
             if handle is not None:
-                self.storage.abort(handle)
+                self._abort(handle)
         result.write_s = time.perf_counter() - started
         if synchronous:
             result.stall_s = prepared_s + result.write_s
         return result
+
+    def _abort(self, handle: Any) -> None:
+        """Clean up a failed save; what cannot be cleaned now (the storage it failed on) is
+        never loaded (no manifest) and goes with the next save of that step or retention."""
+        try:
+            self.storage.abort(handle)
+        except Exception:  # noqa: BLE001 - the save's own error is the one reported
+            pass
 
     def _check_committed(self, name: str, num_bytes: int) -> None:
         """The committed checkpoint is all there (the full checksum is checked on load)."""
@@ -356,6 +364,23 @@ def _check(storage: CheckpointStorage,
     if bad:
         return f"is corrupted (checksum mismatch of {', '.join(bad)})", b"", nothing
     return None, data, (shard_files, True)
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """What a failed save raises: any ``Exception``, and DCP's ``CheckpointException``, a
+    ``BaseException`` (uncaught, it would end the writer thread with a traceback and the save's
+    result would never reach the manager)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return Exception, CheckpointException
+
+
+def _describe(exc: BaseException) -> str:
+    """One line: DCP's exception names the error each rank met, not its tracebacks."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        exc = next(iter(failures.values()))[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _by_object(tensors: dict[str, torch.Tensor] | None) -> dict[str, Any]:
