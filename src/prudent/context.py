@@ -103,6 +103,10 @@ class RunContext:
         self._generators_every = False
         self._evaluated_at = (-1, -1)  # the boundaries of the last two evaluations
         self.carried: dict[str, Any] = {}  # run.carry's values by name: in the checkpoint, per rank
+        # called on the training thread as a checkpoint is taken, before its write starts:
+        # rows a component still holds go to the store writer, which the checkpoint's commit
+        # then waits for (a checkpoint never outlives the metric rows of its steps)
+        self.before_checkpoint: list[Callable[[RunContext], None]] = []
         self.resume_carried: dict[str, Any] = {}  # the checkpoint's, for each name's first call
         import torch
 

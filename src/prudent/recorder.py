@@ -29,6 +29,9 @@ class MetricsRecorder(Component):
         self._pending: list[tuple[int, float, dict[str, Any]]] = []
         self._next_handoff = time.time() + every_s  # the clock each row is stamped with
 
+    def on_start(self, run: RunContext) -> None:
+        run.before_checkpoint.append(self._handoff)  # a checkpoint waits for these rows
+
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         if not metrics:
             return

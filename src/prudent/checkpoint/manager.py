@@ -351,10 +351,13 @@ class Checkpointer(Component):
         if at_boundary and run.boundary is not None:
             self._last_position = _as_at_boundary(run.boundary, payload, meta,
                                                   run.boundary_generators)
+        for handoff in run.before_checkpoint:  # the rows of the steps it holds, to the writer
+            handoff(run)
         prepared_s = time.perf_counter() - started
         self.schedule.saved(state.step)
         result = self.writer.save(state.step, payload, meta, synchronous=synchronous,
-                                  prepared_s=prepared_s, before_commit=shards_written,
+                                  prepared_s=prepared_s,
+                                  before_commit=_rows_first(run, shards_written),
                                   shards=folder if sharded or tensors else None,
                                   tensors=tensors)
         if result is None:  # written in the background: its end is reported at a step's end,
@@ -531,6 +534,23 @@ class Checkpointer(Component):
 
 def _default_location(run: RunContext) -> str:
     return default_location(run.id, run.run_dir)
+
+
+ROWS_WAIT_S = 10.0  # at most, for the store to take the rows before a checkpoint commits
+
+
+def _rows_first(run: RunContext, then: Callable[[], None] | None) -> Callable[[], None]:
+    """Before the checkpoint commits (on its writer's thread): the store writer commits the
+    rows handed to it so far, those of the checkpoint's steps among them; a run resumed from
+    the checkpoint does not train those steps again, so rows that died with the process (a
+    SIGKILL) would be lost for good. A store that does not answer within ROWS_WAIT_S does not
+    hold the checkpoint back (its rows wait in memory, or in the record, as ever)."""
+    def before_commit() -> None:
+        if then is not None:
+            then()
+        run.writer.flush(timeout_s=ROWS_WAIT_S)
+
+    return before_commit
 
 
 def _as_at_boundary(boundary: tuple[int, int, int, int, Any], payload: dict[str, Any],
