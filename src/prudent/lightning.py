@@ -31,7 +31,7 @@ import torch
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.files import torch_bytes
 from prudent.adapters.loader import ResumableLoader, loader_length
-from prudent.adapters.trackers import lightning_logger_sinks
+from prudent.adapters.trackers import continue_lightning_tensorboard, lightning_logger_sinks
 from prudent.optimizer_step import replace_next_step
 from prudent.stop import ExitCode
 
@@ -121,6 +121,7 @@ class PrudentCallback(_pl.Callback):
         self.adapter.framework_checkpoint.bind(lambda folder: _save(trainer, folder),
                                                lambda: _save_in_memory(trainer),
                                                lambda path: _load_live(trainer, path))
+        continue_lightning_tensorboard(trainer, self.adapter.ctx)
         self.adapter.use_trackers(lambda info: lightning_logger_sinks(trainer, info))
         if self.adapter.ctx.exit_on_stop:
             self._ctrl_c.install()
@@ -284,8 +285,25 @@ class PrudentCallback(_pl.Callback):
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         self._ctrl_c.uninstall()
-        self.adapter.framework_checkpoint.bind(None)
         adapter = self.adapter
+        if isinstance(exception, SystemExit) and not isinstance(exception, _Interrupted) \
+                and not adapter.closed:
+            # Lightning ends fit with SystemExit(None) (exit 0) after its own SIGTERM handler
+            # fired, as a batch ends: at an epoch's last batch that is before the epoch's
+            # end, where prudent's stop checkpoint waited. The stop is taken (and saved) while
+            # Lightning's checkpoint is still bound: unbound first, the checkpoint held
+            # prudent's counters and not Lightning's, and the resumed fit started over at
+            # step 0. The process then says how the run ended (75, preempted).
+            stop = adapter.take_stop()
+            adapter.framework_checkpoint.bind(None)
+            if stop is None:
+                adapter.fail(exception)
+                return
+            adapter.ctx.finish("stopped", stop, stop.message)
+            if adapter.ctx.exit_on_stop:
+                exception.code = stop.exit_code
+            return
+        adapter.framework_checkpoint.bind(None)
         if adapter.closed:
             return
         if isinstance(exception, (_Interrupted, KeyboardInterrupt)):
@@ -295,15 +313,6 @@ class PrudentCallback(_pl.Callback):
             if isinstance(exception, _Interrupted):
                 exception.code = stop.exit_code
             return
-        if isinstance(exception, SystemExit):
-            # Lightning ends fit with SystemExit(None) (exit 0) at the epoch end after a
-            # SIGTERM: the run stopped, and the process must say so (75, preempted)
-            stop = adapter.take_stop()
-            if stop is not None:
-                adapter.ctx.finish("stopped", stop, stop.message)
-                if adapter.ctx.exit_on_stop:
-                    exception.code = stop.exit_code
-                return
         adapter.fail(exception)
 
 

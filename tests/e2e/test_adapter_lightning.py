@@ -199,3 +199,32 @@ def test_the_callback_works_with_the_pytorch_lightning_package(project: Project)
     assert result.returncode == 0, result.stderr
     assert "DONE 8 lr=0.2" in result.stdout  # --set reached the module's hparams (built with 0.5)
     assert project.show("pl")["step"] == 8
+
+
+@pytest.mark.slow
+def test_a_resumed_fit_writes_on_in_its_tensorboard_loggers_folder(project: Project) -> None:
+    # Lightning opens a version_N+1 folder for each new process: a preempted fit resumed
+    # used to be two TensorBoard runs, the second starting at the resumed step
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    # SIGTERM as step 12 starts (a preemption mid-epoch), relaunched by prudent run
+    result = project.prudent("run", "--run-id", "tb", "--max-restarts", "1",
+                             "--restart-backoff-s", "0.1", "--set", "tensorboard=true",
+                             "--set", "term_at_step=12", "--", sys.executable, TRAIN,
+                             timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert project.show("tb")["restarts"] == 1
+    folders = sorted(p.name for p in (project.path / "tb" / "lit").iterdir())
+    assert folders == ["version_0"], folders
+    board = EventAccumulator(str(project.path / "tb" / "lit" / "version_0"),
+                             size_guidance={"scalars": 0})
+    board.Reload()
+    ours = [s.step for s in board.Scalars("prudent/loss")]
+    assert ours == list(range(1, STEPS + 1))  # one curve: every step once
+    theirs: dict[int, set[float]] = {}
+    for point in board.Scalars("train_loss"):
+        theirs.setdefault(point.step, set()).add(point.value)
+    assert sorted(theirs) == list(range(STEPS))  # Lightning's steps, 0-based
+    assert all(len(values) == 1 for values in theirs.values())  # a step again: the same value
+

@@ -10,9 +10,51 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["lightning_logger_sinks", "trainer_reporter_sinks"]
+__all__ = ["continue_lightning_tensorboard", "lightning_logger_sinks", "trainer_reporter_sinks"]
 
 _PREFIX = "prudent/"
+_VERSIONS = "tensorboard_versions"  # carried in the checkpoint: each TensorBoardLogger's folder
+
+
+def continue_lightning_tensorboard(trainer: Any, ctx: Any) -> None:
+    """A resumed fit writes on in its first attempt's ``version_N`` folder of each
+    TensorBoardLogger, from the first step it trains again (``purge_step``: TensorBoard drops
+    what the earlier attempt wrote from there on), not in a ``version_N+1`` of its own: one
+    curve per series. Lightning opens the loggers' writers before the callbacks' ``setup``:
+    the one it just opened in a new folder is closed, and that folder removed if it holds
+    nothing but that writer's empty file. Each logger's version is carried in prudent's
+    checkpoints (``RunContext.carried``)."""
+    saved = ctx.resume_carried.pop(_VERSIONS, None) or {}
+    versions = {}
+    for index, logger in enumerate(trainer.loggers):
+        if type(logger).__name__ != "TensorBoardLogger":
+            continue
+        before = saved.get(str(index))
+        if before is not None and before != logger.version and ctx.state.step > 0:
+            _reopen(logger, before, purge_step=ctx.state.step + 1)
+        versions[str(index)] = logger.version
+    ctx.carried[_VERSIONS] = versions
+
+
+def _reopen(logger: Any, version: Any, purge_step: int) -> None:
+    """Point a TensorBoardLogger at ``version``'s folder, its writer from ``purge_step`` on.
+    (prudent's rows are at its steps, 1-based; Lightning's at its global step, one lower: the
+    step that resumes is written again by Lightning with the value the first attempt had.)"""
+    from pathlib import Path
+
+    opened = logger._experiment
+    if opened is not None:
+        fresh = Path(opened.log_dir)
+        opened.close()
+        files = list(fresh.iterdir()) if fresh.is_dir() else []
+        if all(f.name.startswith("events.out.tfevents") and f.stat().st_size < 1024
+               for f in files):
+            for f in files:
+                f.unlink()
+            fresh.rmdir()
+    logger._version, logger._experiment = version, None
+    logger._kwargs["purge_step"] = purge_step
+    _ = logger.experiment
 
 
 def lightning_logger_sinks(trainer: Any, info: Any) -> list[Any]:

@@ -2,7 +2,9 @@
 `nan_at_step` puts a NaN into one batch, `sleep_s` slows each step so a test can signal it
 mid-epoch, `kill_at_step` makes the process vanish (SIGKILL, as a reclaimed machine) as that
 step starts, `out` is where the final weights go, `resumable` wraps the training loader in
-prudent.lightning.resumable. Each optimizer step appends "<pid> <step>" to steps.log.
+prudent.lightning.resumable, `tensorboard` gives the Trainer a TensorBoardLogger in tb/lit,
+`term_at_step` sends the process SIGTERM (once: a `termed` file marks it) as that step starts.
+Each optimizer step appends "<pid> <step>" to steps.log.
 """
 
 import os
@@ -29,6 +31,9 @@ class Knobs(LitDigits):
         self.nan_at_step, self.sleep_s, self.kill_at_step = nan_at_step, sleep_s, kill_at_step
 
     def training_step(self, batch, idx):
+        if self.global_step + 1 == cfg["term_at_step"] and not os.path.exists("termed"):
+            open("termed", "w").close()
+            os.kill(os.getpid(), signal.SIGTERM)
         if self.global_step + 1 == self.kill_at_step:
             time.sleep(0.5)  # the newest checkpoint's background write lands first
             os.kill(os.getpid(), signal.SIGKILL)
@@ -47,15 +52,17 @@ class Knobs(LitDigits):
 
 cb = PrudentCallback(name="lightning-train", config={
     "lr": 0.05, "hidden": 32, "max_epochs": 3, "batch_size": 64, "nan_at_step": -1,
-    "sleep_s": 0.0, "kill_at_step": -1, "out": "final.pt", "resumable": True})
+    "sleep_s": 0.0, "kill_at_step": -1, "out": "final.pt", "resumable": True,
+    "tensorboard": False, "term_at_step": -1})
 cfg = cb.config
 out = cfg["out"]  # read with the others, not only once training is over
 L.seed_everything(0, verbose=False)
 train_loader, val_loader = digits_loaders(cfg["batch_size"])
 model = Knobs(cfg["nan_at_step"], cfg["sleep_s"], cfg["kill_at_step"], lr=cfg["lr"],
               hidden=cfg["hidden"])
+logger = L.pytorch.loggers.TensorBoardLogger("tb", name="lit") if cfg["tensorboard"] else False
 trainer = L.Trainer(max_epochs=cfg["max_epochs"], callbacks=[cb], accelerator="cpu",
-                    logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    logger=logger, log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, deterministic=True)
 if cfg["resumable"]:
     train_loader = resumable(train_loader)
