@@ -112,9 +112,19 @@ def test_overfit_passes_on_a_large_fall_and_fails_on_a_flat_loss() -> None:
 
 
 def test_a_fall_just_short_of_the_factor_is_not_rounded_up_to_it() -> None:
-    losses = [2.3] * 10 + [2.3 / 9.97] * 50  # fell 9.97x: "10.0x" beside "at least 10x" read
+    losses = [2.3] * 10 + [2.3 / 9.97] * 100  # fell 9.97x: "10.0x" beside "at least 10x" read
     check = check_overfit(result(record(), overfit=overfit_record(losses)))
     assert check.status == "warn" and "fell only 9.9x, expected at least 10x" in check.summary
+
+
+def test_a_run_too_short_for_the_overfit_factor_passes_when_its_loss_halved() -> None:
+    # a script's own run.steps(60) caps the overfit run at ~33 steps: a tiny language model
+    # with dropout fell 5.6x there, learning, and read as a warning
+    falling = [1.914 * 0.95 ** i for i in range(33)]
+    check = check_overfit(result(record(), overfit=overfit_record(falling)))
+    assert check.status == "pass" and "only 33 steps, the run's own length" in check.summary
+    flat = [1.914 * 0.99 ** i for i in range(33)]  # fell 1.3x: still judged
+    assert check_overfit(result(record(), overfit=overfit_record(flat))).status == "fail"
 
 
 def test_gradients_that_pile_up_fail_overfit_and_skip_resume() -> None:
@@ -218,6 +228,12 @@ def test_overfit_judges_a_loop_that_draws_its_own_batches_only_when_they_repeate
     # step 0 drew before the generators were first rewound: judged from step 1 on
     check = check_overfit(result(iteration_record(),
                                  overfit=replayed([9.0] + falling, ["z"] + ["a"] * 5)))
+    assert check.status == "pass" and "loss 2.3 ->" in check.summary
+    # nanoGPT's prefetch carried across the step (run.carry): steps 0 and 1 trained batches
+    # drawn before the first rewind; the repeats begin at step 2 (it used to SKIP, naming
+    # run.carry as the fix to a script that already used it)
+    check = check_overfit(result(iteration_record(), overfit=replayed(
+        [9.0, 8.0] + falling, ["y", "z"] + ["a"] * 4)))
     assert check.status == "pass" and "loss 2.3 ->" in check.summary
     # a generator of the script's own: no batch repeated, so no verdict on a healthy script
     slow = [2.3 * 0.99 ** i for i in range(60)]
