@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -83,3 +84,15 @@ def steps_trained(machine: Project) -> list[int]:
     """The steps the training scripts wrote to this machine's steps.log ("<pid> <step>")."""
     return [int(line.split()[1])
             for line in (machine.path / "steps.log").read_text().splitlines()]
+
+
+def s3_bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh bucket on the S3 server at ``endpoint`` (moto), with its test credentials."""
+    import s3fs
+
+    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(var, value)
+    name = f"bucket-{uuid.uuid4().hex[:8]}"
+    s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}).mkdir(name)
+    return name

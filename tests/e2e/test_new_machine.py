@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import psutil
 import pytest
 
 from prudent.store import Store
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, s3_bucket, script
 from tests.e2e.test_resume import assert_identical, final_state
 
 HEARTBEAT_S = 0.5
@@ -41,17 +40,6 @@ def _machine(root: Path, name: str, url: str, endpoint: str) -> Project:
         f"checkpoint: {{url: '{url}', every: 5steps, heartbeat_interval: {HEARTBEAT_S}s}}\n"
         "cost: {catalog_file: prices.csv, stop_margin: 0s, update_interval_s: 0.2, detect: 'off'}\n")
     return project
-
-
-def _bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    import s3fs
-
-    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(var, value)
-    name = f"bucket-{uuid.uuid4().hex[:8]}"
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}).mkdir(name)
-    return name
 
 
 def _start(project: Project, args: list[str]) -> subprocess.Popen[str]:
@@ -108,7 +96,7 @@ def _saved_steps(store: Store) -> list[int]:
 @pytest.mark.slow
 def test_a_new_machine_continues_the_model_the_record_and_the_bill(
         tmp_path: Path, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"s3://{_bucket(s3_endpoint, monkeypatch)}/runs/spot1"
+    url = f"s3://{s3_bucket(s3_endpoint, monkeypatch)}/runs/spot1"
     train = ["--set", "sleep_s=0.1", "--set", "workers=0", "--", sys.executable,
              script("resume_train.py")]
     reference = _machine(tmp_path, "reference", f"{tmp_path}/reference-ckpts", s3_endpoint)
@@ -170,7 +158,7 @@ def test_a_new_machine_continues_the_model_the_record_and_the_bill(
 @pytest.mark.slow
 def test_the_budget_holds_across_machines(tmp_path: Path, s3_endpoint: str,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    url = f"s3://{_bucket(s3_endpoint, monkeypatch)}/runs/spot1"
+    url = f"s3://{s3_bucket(s3_endpoint, monkeypatch)}/runs/spot1"
     budget = 10.0  # $1 a second on test:pricey: 10 s in all, 3 s of it on the second machine
     command = ["run", "--run-id", "spot1", "--instance", "test:pricey", "--budget-usd",
                str(budget), "--set", "sleep_s=0.05", "--set", "epochs=10", "--", sys.executable,

@@ -14,14 +14,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from prudent.store import Store
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, s3_bucket, script
 from tests.e2e.test_resume import assert_identical, final_state
+from tests.ui.conftest import free_port
 
 NUM_STEPS = 72  # resume_train.py: 3 epochs of 24 batches
 BIG_PUT = 256 * 1024  # bytes: a request this large is a checkpoint file, not a heartbeat
@@ -35,7 +35,7 @@ class S3Relay:
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
-        self.port = _free_port()
+        self.port = free_port()
         self.num_cut = 0
         self._armed = False
         self._cut = threading.Event()
@@ -157,23 +157,6 @@ def _reset_all(peers: dict[socket.socket, socket.socket]) -> None:
     peers.clear()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    import s3fs
-
-    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(var, value)
-    name = f"bucket-{uuid.uuid4().hex[:8]}"
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}).mkdir(name)
-    return name
-
-
 def _steps_logged(log: Path) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
 
@@ -192,7 +175,7 @@ def test_an_s3_server_stopped_mid_upload_loses_no_step_and_no_row(
     host, port = s3_endpoint.removeprefix("http://").split(":")
     relay = S3Relay((host, int(port)))
     relay.start()
-    url = f"s3://{_bucket(s3_endpoint, monkeypatch)}/runs/s3"
+    url = f"s3://{s3_bucket(s3_endpoint, monkeypatch)}/runs/s3"
     project.env.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                         "AWS_DEFAULT_REGION": "us-east-1", "PRUDENT_S3_ENDPOINT_URL": relay.endpoint,
                         "PRUDENT_CHECKPOINT_URL": url, "PRUDENT_CHECKPOINT_EVERY": "5steps"})
