@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import psutil
 import pytest
 
 from prudent.store import Store
-from tests.e2e.conftest import Project, script
+from tests.e2e.conftest import Project, s3_bucket, script
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -51,17 +50,6 @@ def _machine(root: Path, name: str, bucket: str, endpoint: str) -> Project:
         "cost: {catalog_file: prices.csv, stop_margin: 0s, update_interval_s: 0.2, "
         "detect: 'off'}\n")
     return machine
-
-
-def _bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    import s3fs
-
-    for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(var, value)
-    name = f"tune-{uuid.uuid4().hex[:8]}"
-    s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}).mkdir(name)
-    return name
 
 
 def _tune(machine: Project, url: str, *flags: str) -> subprocess.Popen[str]:
@@ -130,7 +118,7 @@ def _study(machine: Project, url: str) -> dict[str, Any]:
 def test_two_machines_share_a_study_and_a_killed_machines_trial_resumes_on_the_other(
         tmp_path: Path, pg_url: str, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
     trials = 4
-    bucket = _bucket(s3_endpoint, monkeypatch)
+    bucket = s3_bucket(s3_endpoint, monkeypatch)
     a, b = (_machine(tmp_path, name, bucket, s3_endpoint) for name in ("a", "b"))
     flags = ("--trials", str(trials), "--seed", "0", "--budget-usd", "1000")
     first = _tune(a, pg_url, *flags)
@@ -192,7 +180,7 @@ def test_the_budget_holds_across_two_machines(
     # trials fit and the budget, never --trials, ends the study; the first ones are estimated
     # at 4 epochs x 4 s = $16 until one has finished
     budget = 60.0
-    bucket = _bucket(s3_endpoint, monkeypatch)
+    bucket = s3_bucket(s3_endpoint, monkeypatch)
     a, b = (_machine(tmp_path, name, bucket, s3_endpoint) for name in ("a", "b"))
     flags = ("--trials", "40", "--seed", "0", "--budget-usd", str(budget), "--epoch-s", "4")
     tuners = [_tune(a, pg_url, *flags), _tune(b, pg_url, *flags)]
