@@ -102,10 +102,11 @@ class FakePeers(Component):
         return [mine, peer]
 
 
-def train_with_peer(home: Path, peer_busy_ms: float, steps: int = 60) -> tuple[prudent.Run,
-                                                                               FakePeers, str]:
-    settings = make_settings(home, profile={"straggler": {"interval_s": 0.2, "min_steps": 5}},
-                             checkpoint={"enabled": False})
+def train_with_peer(home: Path, peer_busy_ms: float, steps: int = 60, interval_s: float = 0.2,
+                    ) -> tuple[prudent.Run, FakePeers, str]:
+    settings = make_settings(
+        home, profile={"straggler": {"interval_s": interval_s, "min_steps": 5}},
+        checkpoint={"enabled": False})
     peers, out = FakePeers(peer_busy_ms), io.StringIO()
     watch = StragglerWatch(settings.profile.straggler, stream=out)
     run = prudent.init(name="s", settings=settings, exit_on_stop=False, components=[peers, watch])
@@ -146,3 +147,12 @@ def test_only_a_distributed_run_gets_a_watch(home: Path, monkeypatch: pytest.Mon
     assert [c for c in default_components(settings) if isinstance(c, StragglerWatch)]
     off = make_settings(home, profile={"straggler": {"enabled": False}})
     assert not [c for c in default_components(off) if isinstance(c, StragglerWatch)]
+
+
+def test_an_interval_shorter_than_min_steps_steps_still_judges(home: Path) -> None:
+    """1 ms between comparisons on ~3 ms steps: each comparison waits for min_steps (5)
+    steps, so it judges (the torchrun straggler test once compared 11 times and judged 0)."""
+    run, peers, said = train_with_peer(home, peer_busy_ms=40.0, interval_s=0.001)
+    watch = next(c for c in run.context.components if isinstance(c, StragglerWatch))
+    assert all(pair[0].num_steps >= 5 for pair in peers.gathered[1:]), peers.gathered
+    assert watch.num_comparisons >= 5 and "straggler: rank 1 on host-b" in said

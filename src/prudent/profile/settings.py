@@ -67,7 +67,7 @@ class StragglerSettings(BaseModel):
                                   "beyond them is at least this % of the job's step time (half a "
                                   "millisecond of a 100 ms step slows nobody).")
     min_steps: int = Field(20, ge=1, description="Steps each rank must have timed since the last "
-                           "comparison for this one to judge.")
+                           "comparison for this one to judge; comparisons are never closer than this many steps.")
 
     @field_validator("interval_s", mode="before")
     @classmethod

@@ -213,9 +213,13 @@ class StragglerWatch(Component):
 
     def _steps_between(self, reports: list[RankTimes]) -> int:
         """Steps until the next comparison: ``interval_s`` at the slowest clock any rank
-        reported. Every rank computes it from the same gathered list: the same number."""
+        reported, and never fewer than ``min_steps`` (an interval shorter than that many
+        steps would gather forever and judge never). Every rank computes it from the same
+        gathered list: the same number."""
         step_s = max((r.step_s for r in reports if r.step_s), default=None)
-        return 1 if step_s is None else max(1, int(self.settings.interval_s / step_s))
+        if step_s is None:
+            return 1  # the first comparison: no clock yet, the next step has one
+        return max(self.settings.min_steps, int(self.settings.interval_s / step_s))
 
     def _judge(self, run: RunContext, reports: list[RankTimes]) -> None:
         if any(r.num_steps < self.settings.min_steps for r in reports):
