@@ -30,7 +30,7 @@ from prudent.signals import SignalStopper
 from prudent.state import RunState
 from prudent.step_values import StepValues
 from prudent.stop import ExitCode, StopKind, StopReason, exit_bad_input
-from prudent.store import Store
+from prudent.store import LOCKED_WAIT_S, Store
 from prudent.store_writer import NullWriter, StoreWriter
 
 __all__ = ["RunContext"]
@@ -571,17 +571,19 @@ class RunContext:
         self.writer.flush(timeout_s=30.0 if notify else 5.0)
         if notify:
             self.writer.close()
-        if self.store is not None:
-            self._close_record(status, stop_reason, notify)
+        if self.store is not None and not getattr(self.writer, "registration_pending", False):
+            self._close_record(status, stop_reason, notify)  # (unregistered: no record to close)
         atexit.unregister(self._finish_at_exit)
 
     def _close_record(self, status: str, stop_reason: str | None, notify: bool) -> None:
         """The run's end in the store; a store that stays away does not turn a run that
         trained into a failure (the supervisor, or the next attempt, closes the record)."""
-        try:
-            self.store.update_run(self.id, status=status, stop_reason=stop_reason,  # type: ignore[union-attr]
-                                  ended_at=time.time(), exit_code=self.exit_code,
-                                  step=self.state.step, epoch=self.state.epoch)
+        try:  # a lock held past the writer's close (it waited for it): the record's final
+            # heartbeat tells the end, imported at the next start
+            with self.store.waiting_at_most(LOCKED_WAIT_S):  # type: ignore[union-attr]
+                self.store.update_run(self.id, status=status, stop_reason=stop_reason,  # type: ignore[union-attr]
+                                      ended_at=time.time(), exit_code=self.exit_code,
+                                      step=self.state.step, epoch=self.state.epoch)
         except StoreError as exc:
             print(f"prudent | {self.id} | warning: the run ended {status} but its record could "
                   f"not be closed: {exc}", file=sys.stderr, flush=True)

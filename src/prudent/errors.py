@@ -18,8 +18,8 @@ import dataclasses
 
 from prudent.stop import ExitCode, StopReason
 
-__all__ = ["ConfigError", "ExitCode", "PrudentError", "StopRun", "StoreError", "StoreUnavailable",
-           "exit_code_for"]
+__all__ = ["ConfigError", "ExitCode", "PrudentError", "StopRun", "StoreError", "StoreLocked",
+           "StoreUnavailable", "exit_code_for"]
 
 
 class PrudentError(Exception):
@@ -37,6 +37,11 @@ class StoreError(PrudentError, RuntimeError):
 class StoreUnavailable(StoreError):  # noqa: N818 - a state, like StoreError's kin
     """The store did not answer a read or a write (a full disk, a lock held too long, a
     server away), after the store's own retries: what was asked may succeed later."""
+
+
+class StoreLocked(StoreUnavailable):  # noqa: N818
+    """Another process held the store's write lock longer than the caller would wait
+    (``Store.waiting_at_most``): the store itself is fine."""
 
 
 class StopRun(Exception):  # noqa: N818 - the public name is fixed by the design

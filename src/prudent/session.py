@@ -12,20 +12,20 @@ import secrets
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from prudent.config import ProjectSettings, load_settings
 from prudent.context import RunContext
 from prudent.distributed import Ranks, ranks_from_env
-from prudent.errors import ConfigError
+from prudent.errors import ConfigError, StoreLocked
 from prudent.events import Component
 from prudent.hparams import TrackedConfig, apply_overrides
 from prudent.launch import LaunchSpec, host_name
 from prudent.run import Run
 from prudent.stop import StopKind, StopReason, exit_bad_input
-from prudent.store import Store
+from prudent.store import LOCKED_WAIT_S, Store
 from prudent.store_writer import StoreWriter
 from prudent.units import validate_run_id
 
@@ -50,15 +50,16 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
         return _bad_input(exc, exit_on_stop)
     name = spec.name or name or _script_name()
     store = Store.open(settings.store) if ranks.is_main else None
-    if store is not None:
-        _register(store, run_id, name, resolved, spec)
+    registration = None if store is None else _registered_or_later(
+        lambda: _register(store, run_id, name, resolved, spec), store)
     if components is None:
         from prudent.components import default_components  # imports torch: not for the CLI
 
         components = default_components(settings, spec)
     context = RunContext(  # run.config notes the keys the script reads (see unread_config.py)
         run_id=run_id, name=name, config=TrackedConfig(resolved), home=settings.store.home, store=store,
-        writer=StoreWriter(store, settings.store.flush_interval_s) if store is not None else None,
+        writer=StoreWriter(store, settings.store.flush_interval_s, registration=registration)
+        if store is not None else None,
         settings=settings, exit_on_stop=exit_on_stop, components=components,
         handle_signals=settings.run.handle_signals)
     run = Run(context, settings.run, smoke=spec.smoke)
@@ -107,6 +108,23 @@ def job_run_id(name: str, job_id: str) -> str:
 
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()[:40] or "run"
+
+
+def _registered_or_later(register: Callable[[], None], store: Store) -> Callable[[], None] | None:
+    """Register now, or, while another process holds the store's write lock (a ``sqlite3``
+    shell, a backup), after one line: the run trains meanwhile and the store writer
+    registers it once the lock is free, before the rows it kept (returned: None when done)."""
+    try:
+        with store.waiting_at_most(LOCKED_WAIT_S):
+            register()
+    except StoreLocked:
+        print(f"prudent: the run store {store.url} has been locked by another process for "
+              f"{LOCKED_WAIT_S:.0f} s (a sqlite3 shell, a backup, a long write): training starts "
+              "without it; the run is registered and its rows written once the lock is free, "
+              "or kept in its record beside the checkpoints if it never is",
+              file=sys.stderr, flush=True)
+        return register
+    return None
 
 
 def _register(store: Store, run_id: str, name: str, config: dict[str, Any],

@@ -36,9 +36,9 @@ from sqlalchemy.exc import (
     OperationalError,
 )
 
-from prudent.errors import ConfigError, StoreError, StoreUnavailable
+from prudent.errors import ConfigError, StoreError, StoreLocked, StoreUnavailable
 
-__all__ = ["SCHEMA_VERSION", "Store", "StoreSettings", "mask_url", "resolve_run"]
+__all__ = ["LOCKED_WAIT_S", "SCHEMA_VERSION", "Store", "StoreSettings", "mask_url", "resolve_run"]
 
 log = logging.getLogger("prudent.store")
 
@@ -156,6 +156,16 @@ _MIGRATION_LOCK = 0x70727564  # PostgreSQL advisory lock: one process migrates a
 
 T = TypeVar("T")
 
+LOCKED_WAIT_S = 5.0  # what a run's start waits for another process's write lock, then goes on
+
+# A write lock waited for at most this long on this thread (``Store.waiting_at_most``); None:
+# the default wait (SQLite's busy timeout, retried: a store is rarely locked for long)
+_LOCK_WAIT = threading.local()
+
+
+def _lock_wait_s() -> float | None:
+    return getattr(_LOCK_WAIT, "seconds", None)
+
 
 def _retry(fn: Callable[[], T], attempts: int = 40, wait_s: float = 0.0) -> T:
     """SQLite says 'database is locked' under contention: wait and try again. A server that
@@ -169,7 +179,7 @@ def _retry(fn: Callable[[], T], attempts: int = 40, wait_s: float = 0.0) -> T:
             reason = str(exc.orig)  # not str(exc): the statement's values could say "locked"
             locked = isinstance(exc, OperationalError) and ("locked" in reason or "busy" in reason)
             away = isinstance(exc, (OperationalError, InterfaceError)) or exc.connection_invalidated
-            if locked and attempt < attempts:
+            if locked and attempt < attempts and _lock_wait_s() is None:
                 delay = min(0.5, 0.01 * 2 ** attempt)
             elif away and not locked and (attempt < 3 or time.monotonic() < deadline):
                 delay = min(1.0, 0.05 * 2 ** attempt)
@@ -237,6 +247,9 @@ class _SlowCalls:
 
     @contextlib.contextmanager
     def timing(self, url: str) -> Iterator[None]:
+        if _lock_wait_s() is not None:  # a bounded wait: its caller says what it gave up on
+            yield
+            return
         key = object()
         with self._changed:
             self._calls[key] = (time.monotonic(), url)
@@ -291,7 +304,8 @@ class Store:
         self.unreachable_wait_s = 0.0 if self.engine.dialect.name == "sqlite" else 30.0
         try:
             with _SLOW.timing(self.url):
-                _retry(self._migrate)
+                if not _retry(self._schema_current):  # a current store opens without a lock
+                    _retry(self._migrate)
         except (DBAPIError, OSError) as exc:
             self.engine.dispose()
             raise StoreError(self._unreachable(exc)) from None
@@ -348,6 +362,11 @@ class Store:
             # Writers take the lock up front: a deferred transaction that upgrades from read to
             # write can fail with SQLITE_BUSY without ever calling the busy handler.
             write = conn.get_execution_options().get("prudent_write", False)
+            bounded = _lock_wait_s()
+            busy_ms = 30000 if bounded is None else int(1000 * bounded)
+            if conn.info.get("busy_ms", 30000) != busy_ms:  # as set at connect, or last time
+                conn.exec_driver_sql(f"PRAGMA busy_timeout={busy_ms}")
+                conn.info["busy_ms"] = busy_ms
             conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
         return engine
@@ -368,6 +387,29 @@ class Store:
                 conn.execute(schema_info.delete())
                 conn.execute(schema_info.insert().values(id=1, version=version))
             _ensure_rollup(conn)
+
+    def _schema_current(self) -> bool:
+        """Whether the schema needs nothing written (a read: another process's write lock
+        does not block it)."""
+        with self.engine.connect() as conn:
+            if self._version(conn) != SCHEMA_VERSION:
+                return False
+            inspector = sa.inspect(conn)
+            return inspector.has_table("metric_rollup") and {c["name"] for c in inspector.get_columns(
+                "metric_rollup")} == set(metric_rollup.c.keys())
+
+    @contextlib.contextmanager
+    def waiting_at_most(self, seconds: float | None) -> Iterator[None]:
+        """This thread's writes inside the block wait at most ``seconds`` for a write lock
+        another process holds, then raise :class:`StoreUnavailable` (the training thread
+        must not wait for a ``sqlite3`` shell or a backup). A server that does not answer
+        still gets its usual wait."""
+        before = _lock_wait_s()
+        _LOCK_WAIT.seconds = before if seconds is None else seconds
+        try:
+            yield
+        finally:
+            _LOCK_WAIT.seconds = before
 
     @staticmethod
     def _version(conn: sa.Connection) -> int:
@@ -536,8 +578,10 @@ class Store:
         try:
             return self._timed(lambda: _retry(fn, wait_s=self._wait_left_s()))
         except (OperationalError, InterfaceError) as exc:  # the rest: refused for what it held
-            raise StoreUnavailable(f"cannot use the run store {self.url}: "
-                                   f"{describe_error(exc)}") from exc
+            reason = describe_error(exc)
+            unavailable = StoreLocked if _lock_wait_s() is not None and "locked" in str(
+                getattr(exc, "orig", exc)) else StoreUnavailable
+            raise unavailable(f"cannot use the run store {self.url}: {reason}") from exc
 
     def _timed(self, call: Callable[[], T]) -> T:
         """``call``, noting when the server was first found away and when it answers again."""

@@ -13,9 +13,9 @@ from typing import Any, Protocol
 
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from prudent.errors import StoreUnavailable
+from prudent.errors import StoreLocked, StoreUnavailable
 from prudent.events import EventKind
-from prudent.store import Store, describe_error
+from prudent.store import LOCKED_WAIT_S, Store, describe_error
 
 __all__ = ["NullWriter", "StoreWriter", "WriterListener", "to_floats"]
 
@@ -35,7 +35,8 @@ class StoreWriter:
     """
 
     def __init__(self, store: Store, flush_interval_s: float = 0.5,
-                 max_buffered_rows: int = 200_000) -> None:
+                 max_buffered_rows: int = 200_000,
+                 registration: Callable[[], None] | None = None) -> None:
         self.store = store
         self.flush_interval_s = flush_interval_s
         self.max_buffered_rows = max_buffered_rows
@@ -50,6 +51,12 @@ class StoreWriter:
         # where rows the store never took go instead of being lost (the run's record beside
         # its checkpoints: ``prudent.record.sync``); None: they are dropped, counted
         self.journal: Callable[[list[dict[str, Any]], list[dict[str, Any]]], None] | None = None
+        # store calls made from this thread, in order, before the rows: the run's
+        # registration when the store was locked at its start (the rows wait behind it),
+        # then whatever ``call_soon`` was given
+        self._calls: list[Callable[[], Any]] = [registration] if registration else []
+        self._registration = registration
+        self._registration_since = time.monotonic()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._idle = threading.Event()
         self._idle.set()
@@ -70,6 +77,17 @@ class StoreWriter:
         self._idle.clear()
         self._last_row = (row["run_id"], row["step"])
         self._queue.put(("event", row))
+
+    @property
+    def registration_pending(self) -> bool:
+        """The run is not in the store yet: it was locked when the run started."""
+        return self._registration is not None
+
+    def call_soon(self, call: Callable[[], Any]) -> None:
+        """``call(…)`` on the store from this writer's thread, after what was queued before
+        (the training thread never waits for the store's lock)."""
+        self._idle.clear()
+        self._queue.put(("call", call))
 
     def add_listener(self, listener: WriterListener) -> None:
         """Also hand every metric row (as floats) and event to ``listener`` (the experiment
@@ -93,7 +111,7 @@ class StoreWriter:
         rows: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
         deadline = time.monotonic() + self.flush_interval_s
         stop_by: float | None = None
-        while stop_by is None or (rows[0] or rows[1]) and self._waits_on(stop_by):
+        while stop_by is None or (rows[0] or rows[1] or self._calls) and self._waits_on(stop_by):
             waiters: list[threading.Event] = []
             try:
                 item = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
@@ -110,6 +128,10 @@ class StoreWriter:
         if rows[0] or rows[1]:
             self._drop(rows, len(rows[0]), len(rows[1]), "the run store stayed unreachable "
                        "until the run ended", final=True, unreachable=True)
+        if self._registration is not None:
+            log.warning("prudent: the run store %s stayed locked until the run ended: the run "
+                        "is registered from its record beside the checkpoints when it starts "
+                        "again (or by `prudent store repair`)", self.store.url)
 
     def _waits_on(self, stop_by: float) -> bool:
         """Whether the run's end still waits for the store: until ``stop_by``, or less once a
@@ -131,12 +153,18 @@ class StoreWriter:
             self._tell([], [item[1]])
         elif kind == "flush":
             waiters.append(item[1])
+        elif kind == "call":
+            self._calls.append(item[1])
         excess = len(rows[0]) + len(rows[1]) - self.max_buffered_rows
         if excess > 0:
             self._drop(rows, min(excess, len(rows[0])), max(0, excess - len(rows[0])),
                        f"more than {self.max_buffered_rows} rows waited for the run store",
                        unreachable=True)
-        return item[1] if kind == "stop" else None
+        if kind != "stop":
+            return None
+        # a run never registered (the store locked since its start) waits a little for the
+        # lock, not the whole close: its rows go to the record, imported at the next start
+        return min(item[1], time.monotonic() + LOCKED_WAIT_S) if self._registration else item[1]
 
     def _tell(self, metric_rows: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> None:
         for listener in self._listeners:
@@ -162,7 +190,33 @@ class StoreWriter:
                 index += 1
         return rows
 
+    def _calls_done(self) -> bool:
+        """The queued store calls, in order; False while one must wait (the store locked, or
+        away): the rows wait behind it, as in an outage."""
+        while self._calls:
+            call = self._calls[0]
+            try:  # a store locked at the run's start: tried at each flush, not waited on
+                with self.store.waiting_at_most(
+                        max(0.5, self.flush_interval_s) if self._registration else None):
+                    call()
+            except StoreLocked:
+                return False
+            except (StoreUnavailable, OperationalError, InterfaceError) as exc:
+                self._outage(exc)
+                return False
+            except Exception as exc:  # noqa: BLE001 - refused for what it asked: not again
+                self._report(exc)
+            self._calls.pop(0)
+            if call is self._registration:
+                self._registration = None
+                log.warning("prudent: the run store %s is free again after %.0f s: the run is "
+                            "registered and its rows are written", self.store.url,
+                            time.monotonic() - self._registration_since)
+        return True
+
     def _commit(self, metric_rows: list[dict[str, Any]], event_rows: list[dict[str, Any]]) -> None:
+        if not self._calls_done():
+            return
         try:
             self.store.add_records(metric_rows, event_rows)
         except (StoreUnavailable, OperationalError, InterfaceError) as exc:  # unreachable: keep
@@ -279,6 +333,9 @@ class NullWriter:
         pass
 
     def put_event(self, row: dict[str, Any]) -> None:
+        pass
+
+    def call_soon(self, call: Callable[[], Any]) -> None:
         pass
 
     def flush(self, timeout_s: float = 30.0) -> None:

@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from prudent.config import ProjectSettings
-from prudent.errors import ConfigError, ExitCode, StoreError
+from prudent.errors import ConfigError, ExitCode, StoreError, StoreLocked
 from prudent.events import EventKind
 from prudent.launch import LaunchSpec, host_name
 from prudent.session import job_run_id as session_job_run_id
 from prudent.session import new_run_id
 from prudent.spawn import SignalForwarder, spawn
 from prudent.stop import ENV_LAUNCHER_ERROR_FILE, StopReason
-from prudent.store import Store
+from prudent.store import LOCKED_WAIT_S, Store
 from prudent.units import validate_run_id
 
 __all__ = ["Supervisor"]
@@ -120,7 +120,11 @@ class Supervisor:
         return {"status": "completed", "step": max(a.step for a in ends)}
 
     def _supervise(self, registered_in: Store) -> int:
-        created = self._register(registered_in)
+        try:
+            with registered_in.waiting_at_most(LOCKED_WAIT_S):
+                created = self._register(registered_in)
+        except StoreLocked:  # the training process registers it when the lock is free, and
+            created = False  # says so
         store = cast(Store, _BestEffortStore(registered_in))
         attempt = 0
         while True:
@@ -314,6 +318,9 @@ def _verdict(code: int) -> tuple[str, str | None, str]:
     return "failed", "error", f"process exited with code {code}"
 
 
+BEST_EFFORT_LOCK_WAIT_S = 30.0
+
+
 class _BestEffortStore:
     """The store as the supervisor uses it once the run is launched. A store that fails then
     (a full disk, a lock held too long, a server away) is said once and read as empty: it
@@ -330,8 +337,9 @@ class _BestEffortStore:
             return found
 
         def tolerant(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return found(*args, **kwargs)
+            try:  # a lock another process holds: waited for a while, not for good
+                with self._store.waiting_at_most(BEST_EFFORT_LOCK_WAIT_S):
+                    return found(*args, **kwargs)
             except StoreError as exc:
                 if not self.failed:
                     self.failed = True

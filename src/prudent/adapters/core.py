@@ -109,8 +109,9 @@ class AdapterRun:
         added = {k: v for k, v in hparams.items() if k not in config and _plain(v)}
         if added:
             config.update(added)
-            if self.ctx.store is not None:
-                self.ctx.store.update_run(self.ctx.id, config=untracked(config))
+            if self.ctx.store is not None:  # from the writer's thread: a locked store waits
+                store, run_id, values = self.ctx.store, self.ctx.id, untracked(config)
+                self.ctx.writer.call_soon(lambda: store.update_run(run_id, config=values))
         return changed
 
     def use_trackers(self, find: Callable[[Any], list[Any]]) -> None:

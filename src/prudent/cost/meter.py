@@ -36,7 +36,6 @@ from prudent.cost.policy import (
 )
 from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.cost.shape import with_torchrun
-from prudent.errors import StoreError
 from prudent.events import Component, Event, EventKind
 from prudent.record.attempt import attempt_id, host_name
 from prudent.stop import StopKind, StopReason
@@ -179,11 +178,9 @@ class CostMeter(Component):
         run.gauges["cost_final_usd"] = breakdown["total_usd"]  # what the record's end reports
         run.record_event(EventKind.COST, "meter", self._summary_text(breakdown), **breakdown,
                          **_progress(run))
-        if run.store is not None:
-            try:
-                run.store.update_run(run.id, cost_usd=breakdown["total_usd"])
-            except StoreError as exc:  # the cost event above is in the record beside the
-                log.warning("prudent could not store the run's cost (%s)", exc)  # checkpoints
+        if run.store is not None:  # from the writer's thread, before the run's end; the cost
+            store, total = run.store, breakdown["total_usd"]  # event is in the record too
+            run.writer.call_soon(lambda: store.update_run(run.id, cost_usd=total))
         if self.hourly_usd > 0:
             self._say(run, self._summary_text(breakdown))
 

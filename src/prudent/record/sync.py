@@ -80,7 +80,10 @@ class RecordSync(Component):
             run.id, default_location(run.id, run.run_dir)))
         self.storage.check_writable()  # before anything is written there (the checkpointer's too)
         started = time.perf_counter()
-        storage_keys = self._import(run)
+        # a store locked at the start holds no row of this run yet: the record is imported at
+        # the next start (merging would wait for the lock on the training thread)
+        locked = getattr(run.writer, "registration_pending", False)
+        storage_keys = (set(), set()) if locked else self._import(run)
         self.import_s = time.perf_counter() - started
         self._cursor = newest_ids(run.store, run.id)
         self._backlog = self._not_exported(run, storage_keys)
