@@ -11,6 +11,7 @@ third signal kills them.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -45,22 +46,26 @@ def child_environ(spec: LaunchSpec, *, extra: Mapping[str, str] | None = None,
 
 def spawn(command: Sequence[str], spec: LaunchSpec, *, extra: Mapping[str, str] | None = None,
           drop: Iterable[str] = (), new_session: bool = True,
-          **popen: Any) -> subprocess.Popen[bytes]:
+          death_signal: int = signal.SIGTERM, **popen: Any) -> subprocess.Popen[bytes]:
     """Start ``command`` with the spec's environment, tied to this process's life.
 
     ``new_session`` keeps a terminal's Ctrl-C from reaching the child directly (a
     :class:`SignalForwarder` passes it on once); replay turns it off so that pdb keeps the
-    terminal. ``popen`` goes to :class:`subprocess.Popen` (stdout, stderr, stdin ...).
+    terminal. ``death_signal`` is what the child gets if this process dies: SIGTERM lets a
+    training run checkpoint; a throwaway smoke run (preflight) gets SIGKILL. ``popen`` goes
+    to :class:`subprocess.Popen` (stdout, stderr, stdin ...).
     """
     return subprocess.Popen(list(command), env=child_environ(spec, extra=extra, drop=drop),
-                            start_new_session=new_session, preexec_fn=die_with_parent, **popen)
+                            start_new_session=new_session,
+                            preexec_fn=functools.partial(die_with_parent, death_signal), **popen)
 
 
-def die_with_parent() -> None:
-    """Linux: this (just forked) child gets SIGTERM when its parent dies (no orphans)."""
+def die_with_parent(death_signal: int = signal.SIGTERM) -> None:
+    """Linux: this (just forked) child gets ``death_signal`` when its parent dies (no
+    orphans)."""
     if sys.platform.startswith("linux"):
         try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(death_signal))  # PR_SET_PDEATHSIG
         except OSError:
             pass
 

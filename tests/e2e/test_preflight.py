@@ -80,3 +80,28 @@ def test_a_script_that_selects_cuda_on_a_machine_without_it_is_not_a_cloud_failu
                            timeout=600)
     assert "could not be tested on this machine" in text.stdout
     assert "not ready for the cloud" not in text.stdout
+
+
+def test_a_terminated_preflight_leaves_no_smoke_run_behind(project: Project) -> None:
+    """``timeout 60 prudent preflight …`` on a script deep in a long evaluation: preflight
+    exits 143 at once and its smoke runs are gone, not training on as orphans."""
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    preflight = subprocess.Popen(
+        [sys.executable, "-m", "prudent", "preflight", "--", sys.executable,
+         script("preflight_long_eval.py")], cwd=project.path, env=project.env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = project.path / "evaluating.pid"
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and preflight.poll() is None:
+        time.sleep(0.1)
+    assert marker.exists(), "no smoke run reached its evaluation"
+    smoke = [psutil.Process(int(pid)) for pid in marker.read_text().split()]
+    preflight.send_signal(signal.SIGTERM)
+    assert preflight.wait(timeout=30) == 128 + signal.SIGTERM
+    gone, alive = psutil.wait_procs(smoke, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]  # before: it evaluated on for minutes

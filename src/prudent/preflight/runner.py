@@ -14,13 +14,15 @@ report, and they must never resume from, or prune, the user's real checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,9 +117,10 @@ class PreflightRunner:
         self._home = home.resolve()
         self._home.mkdir(parents=True, exist_ok=True)
         try:
-            self._run_phases(result)
+            with _signals_end_preflight():
+                self._run_phases(result)
         finally:
-            for process in self._started:  # Ctrl-C or an error here: no orphan keeps training
+            for process in self._started:  # Ctrl-C, SIGTERM or an error: no orphan trains on
                 if process.popen.poll() is None:
                     _kill_group(process.popen)
             if not self.keep:
@@ -169,7 +172,7 @@ class PreflightRunner:
                 open(logs / f"{phase}.err", "wb") as stderr:
             try:
                 popen = spawn(self.command, spec, extra=threads, drop=cleared, stdout=stdout,
-                              stderr=stderr, stdin=subprocess.DEVNULL)
+                              stderr=stderr, stdin=subprocess.DEVNULL, death_signal=signal.SIGKILL)
             except OSError as exc:
                 raise ConfigError(f"cannot start {self.command[0]!r}: {exc.strerror}") from None
         self._started.append(_Process(phase, popen, out, logs, time.monotonic()))
@@ -240,6 +243,26 @@ def choose_stop_step(smoke: PhaseResult, preferred: int | None = None) -> int | 
     if second:
         return len(first) + max(1, len(second) // 2) if len(second) > 1 else len(first)
     return max(1, (len(first) - 1) // 2) if len(first) >= 3 else None
+
+
+@contextlib.contextmanager
+def _signals_end_preflight() -> Iterator[None]:
+    """SIGTERM or SIGHUP (``timeout``, a closed terminal, a CI job cancelled) ends preflight
+    as Ctrl-C does: its smoke runs are killed, not asked to stop at their next step (one
+    deep in a long evaluation would train on, an orphan). Exit code 128 + the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def end(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _kill_group(popen: subprocess.Popen[bytes]) -> None:
