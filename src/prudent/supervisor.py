@@ -101,17 +101,20 @@ class Supervisor:
                 Path(self._error_file).unlink(missing_ok=True)
 
     def _completed_elsewhere(self) -> dict[str, Any] | None:
-        """The run as its record beside shared checkpoints tells it, when it completed on
-        another machine (a new VM, a fresh home): this store never heard of it. None when
-        the checkpoints are local (this store knows its runs) or the record says nothing."""
-        checkpoint = self.settings.checkpoint
-        if not checkpoint.url:
-            return None
-        from prudent.checkpoint.storage import open_storage
+        """The run as its record beside its checkpoints tells it, when this store never heard
+        that it completed: on another machine (a new VM, a fresh home, shared checkpoints),
+        or here while another process held the store's lock all along. None when the record
+        says nothing."""
+        from prudent.checkpoint.storage import default_location, open_storage
         from prudent.record.importer import read_record
 
+        run_dir = Path(self.settings.store.home).resolve() / "runs" / self.run_id
+        location = self.settings.checkpoint.location(
+            self.run_id, default_location(self.run_id, run_dir))
+        if "://" not in location and not Path(location).is_dir():
+            return None  # nothing here ever ran (and no folder is made to find that out)
         try:
-            record = read_record(open_storage(checkpoint.location(self.run_id, "")), self.run_id)
+            record = read_record(open_storage(location), self.run_id)
         except Exception:  # noqa: BLE001 - the training process reads it again, and says why
             return None
         ends = [a for a in (record.attempts.values() if record else ()) if a.status == "completed"]

@@ -112,6 +112,11 @@ def test_a_store_locked_for_the_whole_run_keeps_its_rows_in_the_record(project: 
     assert "stayed locked until the run ended" in done.stderr, done.stderr
     assert_identical(reference, final_state(project.path / "final.pt"))
     assert not list((project.path / ".prudent").rglob(".tmp-*"))  # nothing half-written left
+    (project.path / "steps.log").unlink()
+    again = project.prudent("run", "--run-id", "locked", "--", sys.executable,
+                            script("store_commit_train.py"), timeout=180)
+    assert again.returncode == 0 and "already completed at step 72" in again.stderr, again.stderr
+    assert not (project.path / "steps.log").exists()  # its record says completed: not trained
     repaired = project.prudent("store", "repair")  # the run from its record beside the checkpoints
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     assert _loss_steps(db, "locked") == collections.Counter(range(1, NUM_STEPS + 1))
