@@ -14,8 +14,9 @@ preemption notice or SIGTERM, the tuner's pruner) becomes a checkpoint, then
 ``trainer.should_stop``, then prudent's exit code once ``fit`` returns. Lightning's own
 checkpoint (``trainer.save_checkpoint``) rides inside prudent's checkpoints, and
 :func:`resume_path` gives it back to ``fit(ckpt_path=...)`` when the run resumes. The
-Trainer's loggers (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``) get prudent's
-metrics (as ``prudent/<name>``), events and verdict in their own run (docs/trackers.md).
+Trainer's loggers (``TensorBoardLogger``, ``MLFlowLogger``, ``WandbLogger``, ``CSVLogger``) get
+prudent's metrics (as ``prudent/<name>``), events and verdict in their own run, continued when
+the run resumes (docs/trackers.md).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.files import torch_bytes
 from prudent.adapters.loader import ResumableLoader, loader_length
-from prudent.adapters.trackers import continue_lightning_tensorboard, lightning_logger_sinks
+from prudent.adapters.trackers import continue_lightning_loggers, lightning_logger_sinks
 from prudent.optimizer_step import replace_next_step
 from prudent.stop import ExitCode
 
@@ -96,6 +97,7 @@ class PrudentCallback(_pl.Callback):
         self._dropping: list[int] | None = None  # a rollback's skip: [first step, batches]
         self._ctrl_c = _CtrlC()
         self._last_batch: int | None = None  # the epoch's last batch_idx (Lightning's limits)
+        self._handed: list[Any] = []  # sinks whose rows the training thread hands to a logger
         _LATEST["run"] = self.adapter
 
     @property
@@ -121,13 +123,23 @@ class PrudentCallback(_pl.Callback):
         self.adapter.framework_checkpoint.bind(lambda folder: _save(trainer, folder),
                                                lambda: _save_in_memory(trainer),
                                                lambda path: _load_live(trainer, path))
-        continue_lightning_tensorboard(trainer, self.adapter.ctx)
-        self.adapter.use_trackers(lambda info: lightning_logger_sinks(trainer, info))
+        continue_lightning_loggers(trainer, self.adapter.ctx)
+        self.adapter.use_trackers(lambda info: self._logger_sinks(trainer, info))
         if self.adapter.ctx.exit_on_stop:
             self._ctrl_c.install()
         # the generators as they were at the checkpoint, before Lightning draws the first
         # epoch's order (it restores no RNG itself)
         self.adapter.restore_rng()
+
+    def _logger_sinks(self, trainer: Any, info: Any) -> list[Any]:
+        sinks = lightning_logger_sinks(trainer, info)
+        self._handed = [sink for sink in sinks if hasattr(sink, "deliver")]  # a CSVLogger's
+        return sinks
+
+    def _hand_over(self) -> None:
+        """Rows the tracking thread left for a logger that only this thread may write to."""
+        for sink in self._handed:
+            sink.deliver()
 
     def _shorten(self, trainer: Any) -> None:
         """``prudent preflight``: two short epochs through Lightning's own limits (in overfit
@@ -245,6 +257,8 @@ class PrudentCallback(_pl.Callback):
         ctx.epoch_end_follows = False
         if self._dropping is not None and not self._rollback.skip_left:
             self._dropped()
+        if self._handed:
+            self._hand_over()
         if stop is not None:
             self._stop_if(trainer, stop)
 
@@ -281,9 +295,18 @@ class PrudentCallback(_pl.Callback):
             self._dropped()
         self._ctrl_c.uninstall()
         self.adapter.framework_checkpoint.bind(None)
-        self.adapter.finish()
+        try:
+            self.adapter.finish()
+        finally:  # the trackers are closed: their last rows, before Lightning's finalize
+            self._hand_over()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        try:
+            self._ended_by(exception)
+        finally:  # the trackers are closed: their last rows, before Lightning's finalize
+            self._hand_over()
+
+    def _ended_by(self, exception: BaseException) -> None:
         self._ctrl_c.uninstall()
         adapter = self.adapter
         if isinstance(exception, SystemExit) and not isinstance(exception, _Interrupted) \

@@ -56,7 +56,7 @@ import torch
 
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.files import folder_files, torch_bytes
-from prudent.adapters.trackers import trainer_reporter_sinks
+from prudent.adapters.trackers import trackers_follow, trainer_reporter_sinks
 from prudent.optimizer_step import put_back_step, replace_next_step
 from prudent.stop import StopKind
 
@@ -115,6 +115,7 @@ class PrudentCallback(TrainerCallback):
         self._trainer_state: Any = None
         self._control: Any = None
         self._trainer: Any = None  # the Trainer whose hook this is (found up the stack)
+        self._trackers_follow = False  # report_to callbacks after this one: found later
 
     @property
     def config(self) -> dict[str, Any]:
@@ -157,8 +158,9 @@ class PrudentCallback(TrainerCallback):
         run_state.step = state.global_step  # where the Trainer resumed
         self._args, self._trainer_state, self._control = args, state, control
         self._trainer = _calling_trainer(sys._getframe(1))
-        trainer = self._trainer  # its report_to callbacks ran their on_train_begin before ours
-        self.adapter.use_trackers(lambda info: trainer_reporter_sinks(trainer, info))
+        self._use_trackers()  # those report_to callbacks that ran their on_train_begin before
+        # ours; any that come after ours in the Trainer's list start their tracker after this
+        self._trackers_follow = trackers_follow(self._trainer, self)
         self._tqdm_monitors = set(_tqdm_monitors())
         # the planned length the rules are sized to: the Trainer's own count of optimizer steps
         # (max_steps, or the epochs x ceil(batches / accumulation)); a smoke run's is its own
@@ -184,6 +186,15 @@ class PrudentCallback(TrainerCallback):
         if model is not None and self._optimizer is not None:
             self.adapter.framework_checkpoint.bind(self._newest_checkpoint, self._files,
                                                    self._load_live)
+
+    def _use_trackers(self) -> None:
+        trainer = self._trainer
+        self.adapter.use_trackers(lambda info: trainer_reporter_sinks(trainer, info))
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._trackers_follow:  # every callback's on_train_begin has run by now
+            self._trackers_follow = False
+            self._use_trackers()
 
     def _newest_checkpoint(self, folder: Path) -> Path | None:
         """The newest checkpoint folder this process's Trainer wrote (or the one it resumed

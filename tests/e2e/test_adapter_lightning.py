@@ -14,6 +14,7 @@ import torch
 
 from tests.e2e.conftest import ROOT, Project, child_of, script
 from tests.e2e.test_resume import assert_identical, attempts
+from tests.mlflow_server import MLFLOW_ENV, mlflow_server  # noqa: F401 - the session's server
 
 pytest.importorskip("lightning")
 
@@ -228,3 +229,106 @@ def test_a_resumed_fit_writes_on_in_its_tensorboard_loggers_folder(project: Proj
     assert sorted(theirs) == list(range(STEPS))  # Lightning's steps, 0-based
     assert all(len(values) == 1 for values in theirs.values())  # a step again: the same value
 
+
+
+def _preempted_and_resumed(project: Project, run_id: str, *settings: str) -> None:
+    """lightning_train.py with SIGTERM as step 12 starts (a preemption mid-epoch), relaunched
+    by prudent run and resumed from the checkpoint the stop saved."""
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    result = project.prudent("run", "--run-id", run_id, "--max-restarts", "1",
+                             "--restart-backoff-s", "0.1", *sets, "--set", "term_at_step=12",
+                             "--", sys.executable, TRAIN, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert project.show(run_id)["restarts"] == 1
+
+
+def _once_each(steps: list[int], first: int) -> None:
+    """One curve: every step from ``first`` to the last once, none twice."""
+    assert sorted(steps) == list(range(first, first + STEPS)), sorted(steps)
+
+
+@pytest.mark.slow
+def test_a_resumed_fit_writes_on_in_its_csv_loggers_folder_without_a_step_twice(
+        project: Project) -> None:
+    # Lightning's CSVLogger opens version_N+1 in each new process; given the old folder
+    # again, its writer deletes the metrics.csv there
+    import csv
+
+    _preempted_and_resumed(project, "csv", "logger=csv")
+    folders = sorted(p.name for p in (project.path / "csv" / "lit").iterdir())
+    assert folders == ["version_0"], folders
+    with (project.path / "csv" / "lit" / "version_0" / "metrics.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    _once_each([int(r["step"]) for r in rows if r["train_loss"]], 0)  # Lightning's, 0-based
+    _once_each([int(r["step"]) for r in rows if r["prudent/loss"]], 1)  # prudent's
+    assert [int(r["step"]) for r in rows if r["val_loss"]] == [22, 45, 68]  # each epoch's end
+    marks = [int(r["step"]) for r in rows if r["prudent/event/lifecycle"]]
+    assert 12 in marks, marks  # the SIGTERM's stop, marked where it stopped the first attempt
+
+
+@pytest.mark.slow
+def test_a_fit_resumed_after_a_kill_keeps_no_csv_row_of_the_steps_it_trains_again(
+        project: Project) -> None:
+    # checkpoints every 5 steps; killed as step 18 starts, after Lightning wrote the rows of
+    # steps 16 and 17 (written out at each row): the resumed fit trains them again from 15
+    import csv
+
+    (project.path / "prudent.yaml").write_text("checkpoint: {every: 5steps}\n")
+    sets = ["--set", "logger=csv", "--set", "csv_flush_every=1"]
+    cut = project.prudent("run", "--run-id", "csvk", *sets, "--set", "kill_at_step=18", "--",
+                          sys.executable, TRAIN, timeout=240)
+    assert cut.returncode == 128 + signal.SIGKILL, cut.stderr
+    again = project.prudent("run", "--run-id", "csvk", *sets, "--", sys.executable, TRAIN,
+                            timeout=240)
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" in again.stderr and "step 15" in again.stderr, again.stderr
+    with (project.path / "csv" / "lit" / "version_0" / "metrics.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    _once_each([int(r["step"]) for r in rows if r["train_loss"]], 0)
+    ours = [int(r["step"]) for r in rows if r["prudent/loss"]]
+    # each at most once (the rows of the killed process's last second may never have reached
+    # the file: Lightning writes what prudent hands it, prudent hands it what its tracking
+    # thread has seen)
+    assert len(ours) == len(set(ours)) and max(ours) == STEPS, ours
+
+
+@pytest.mark.slow
+def test_a_resumed_fit_logs_on_in_its_mlflow_loggers_run_without_a_step_twice(
+        project: Project, mlflow_server: str) -> None:  # noqa: F811
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    project.env.update(MLFLOW_ENV, MLFLOW_TRACKING_URI=mlflow_server)
+    _preempted_and_resumed(project, "mlf", "logger=mlflow")
+    client = MlflowClient(mlflow_server)
+    experiment = client.get_experiment_by_name("lit").experiment_id
+    (found,) = client.search_runs([experiment])  # one run for both attempts
+    run_id = found.info.run_id
+    # the run Lightning opened for the second attempt, before prudent's callback ran: deleted
+    # (MLflow's bin, `mlflow gc` empties it), nothing in it
+    others = [r for r in client.search_runs([experiment], run_view_type=ViewType.ALL)
+              if r.info.run_id != run_id]
+    assert [(r.info.lifecycle_stage, r.data.metrics) for r in others] == [("deleted", {})]
+    assert found.info.status == "FINISHED" and found.data.tags["prudent.status"] == "completed"
+    _once_each([m.step for m in client.get_metric_history(run_id, "train_loss")], 0)
+    _once_each([m.step for m in client.get_metric_history(run_id, "prudent/loss")], 1)
+    assert 12 in [m.step for m in client.get_metric_history(run_id, "prudent.event.lifecycle")]
+
+
+@pytest.mark.slow
+def test_a_resumed_fit_logs_on_in_its_wandb_loggers_run_without_a_step_twice(
+        project: Project) -> None:
+    pytest.importorskip("wandb")
+    from tests.tracking.wandb_files import offline_runs
+
+    project.env.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    _preempted_and_resumed(project, "wb", "logger=wandb")
+    # offline, each process writes a folder of its own under the logger's save_dir (".");
+    # the one Lightning opened for a second W&B run before prudent's callback ran is gone
+    attempts = offline_runs(project.path)
+    assert len(attempts) == 2 and attempts[0].run_id == attempts[1].run_id, [
+        a.run_id for a in attempts]  # the same W&B run, which `wandb sync` joins
+    rows = [row for attempt in attempts for row in attempt.history.values()]
+    _once_each([row["trainer/global_step"] for row in rows if "train_loss" in row], 0)
+    _once_each([row["prudent/step"] for row in rows if "prudent/loss" in row], 1)
+    assert attempts[1].summary["prudent/status"] == "completed"

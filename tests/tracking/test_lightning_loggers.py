@@ -1,8 +1,9 @@
 """Under prudent.lightning, the Trainer's own logger gets prudent's metrics (as
 ``prudent/<name>``), events and verdict in the logger's run, beside Lightning's own series,
 and no tracker run of prudent's own is made: TensorBoardLogger (its event files read with
-EventAccumulator), WandbLogger (offline, its run's .wandb file read back) and MLFlowLogger
-(a real MLflow server read with MlflowClient)."""
+EventAccumulator), WandbLogger (offline, its run's .wandb file read back), MLFlowLogger
+(a real MLflow server read with MlflowClient) and CSVLogger (its metrics.csv). Resumed fits:
+tests/e2e/test_adapter_lightning.py."""
 
 from __future__ import annotations
 
@@ -140,3 +141,19 @@ def test_a_wandb_run_the_script_started_and_the_logger_reuses_gets_prudents_rows
     steps = [row["prudent/step"] for row in found.history.values() if "loss" in row]
     assert steps == list(range(1, STEPS + 1))  # each once: one sink for the one run
     assert not any("prudent/loss" in row for row in found.history.values())
+
+
+def test_a_csv_logger_gets_prudents_numbers_in_its_metrics_csv(home: Path, tmp_path: Path) -> None:
+    import csv
+
+    logger = L.pytorch.loggers.CSVLogger(str(tmp_path / "csv"), name="lit")
+    fit(home, "lit-csv", logger)
+    assert [p.name for p in (tmp_path / "csv" / "lit").iterdir()] == ["version_0"]
+    with (Path(logger.log_dir) / "metrics.csv").open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    ours = [int(r["step"]) for r in rows if r["prudent/loss"]]
+    assert ours == list(range(1, STEPS + 1))  # handed over by the training thread, in order
+    assert [int(r["step"]) for r in rows if r["train_loss"]] == list(range(STEPS))  # Lightning's
+    ends = [int(r["step"]) for r in rows if r["prudent/event/lifecycle"]]
+    assert ends[-1] == STEPS  # the end's event: written after the last step, before finalize
+    assert not any(r["prudent/loss"] and r["train_loss"] for r in rows)  # rows of their own

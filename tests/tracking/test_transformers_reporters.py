@@ -18,7 +18,9 @@ from tests.adapters.test_transformers import _model, _one_thread, _trainer  # no
 STEPS = 6
 
 
-def train(home: Path, tmp_path: Path, name: str, report_to: str) -> Any:
+def train(home: Path, tmp_path: Path, name: str, report_to: str, first: bool = False) -> Any:
+    """``first``: prudent's callback before every other in the Trainer's list (the
+    ``report_to`` callbacks start their trackers in their on_train_begin, after prudent's)."""
     from prudent.testing import make_settings
     from prudent.transformers import PrudentCallback
 
@@ -26,16 +28,20 @@ def train(home: Path, tmp_path: Path, name: str, report_to: str) -> Any:
                          settings=make_settings(home, checkpoint={"enabled": False}))
     trainer = _trainer(tmp_path, _model(), [cb], max_steps=STEPS, logging_steps=1,
                        report_to=report_to)
+    if first:
+        trainer.pop_callback(cb)
+        trainer.callback_handler.callbacks.insert(0, cb)
     trainer.train()
     return cb.run
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["after", "first"])
 def test_report_to_tensorboard_shows_prudents_rows_in_the_trainers_run_folder(
-        home: Path, tmp_path: Path) -> None:
+        home: Path, tmp_path: Path, first: bool) -> None:
     pytest.importorskip("tensorboard")
     from tests.tracking.test_tensorboard import read, texts
 
-    run = train(home, tmp_path, "hf-tb", "tensorboard")
+    run = train(home, tmp_path, "hf-tb", "tensorboard", first=first)
     (folder,) = {f.parent for f in (tmp_path / "out").rglob("*tfevents*")}  # one TB run
     board = read(folder)
     assert [s.step for s in board.Scalars("prudent/loss")] == list(range(1, STEPS + 1))
@@ -46,13 +52,14 @@ def test_report_to_tensorboard_shows_prudents_rows_in_the_trainers_run_folder(
     assert f"run {run.context.id} completed, {STEPS} steps" in summary[1]
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["after", "first"])
 def test_report_to_wandb_puts_prudents_rows_in_the_trainers_wandb_run(
-        home: Path, tmp_path: Path, wandb_offline: Path) -> None:
+        home: Path, tmp_path: Path, wandb_offline: Path, first: bool) -> None:
     import wandb
 
     from tests.tracking.wandb_files import offline_runs
 
-    run = train(home, tmp_path, "hf-wb", "wandb")
+    run = train(home, tmp_path, "hf-wb", "wandb", first=first)
     trainers = wandb.run
     assert trainers is not None  # prudent did not finish it
     wandb.finish()

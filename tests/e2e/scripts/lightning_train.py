@@ -3,7 +3,10 @@
 mid-epoch, `kill_at_step` makes the process vanish (SIGKILL, as a reclaimed machine) as that
 step starts, `out` is where the final weights go, `resumable` wraps the training loader in
 prudent.lightning.resumable, `tensorboard` gives the Trainer a TensorBoardLogger in tb/lit,
-`term_at_step` sends the process SIGTERM (once: a `termed` file marks it) as that step starts.
+`term_at_step` sends the process SIGTERM (once: a `termed` file marks it) as that step starts,
+`logger` gives it another of Lightning's loggers: "csv" (in csv/lit, written out every
+`csv_flush_every` steps), "mlflow" (experiment
+"lit" at MLFLOW_TRACKING_URI) or "wandb" (project "lit", W&B's mode and folder from WANDB_*).
 Each optimizer step appends "<pid> <step>" to steps.log.
 """
 
@@ -53,14 +56,20 @@ class Knobs(LitDigits):
 cb = PrudentCallback(name="lightning-train", config={
     "lr": 0.05, "hidden": 32, "max_epochs": 3, "batch_size": 64, "nan_at_step": -1,
     "sleep_s": 0.0, "kill_at_step": -1, "out": "final.pt", "resumable": True,
-    "tensorboard": False, "term_at_step": -1})
+    "tensorboard": False, "term_at_step": -1, "logger": "", "csv_flush_every": 100})
 cfg = cb.config
 out = cfg["out"]  # read with the others, not only once training is over
 L.seed_everything(0, verbose=False)
 train_loader, val_loader = digits_loaders(cfg["batch_size"])
 model = Knobs(cfg["nan_at_step"], cfg["sleep_s"], cfg["kill_at_step"], lr=cfg["lr"],
               hidden=cfg["hidden"])
+loggers = {"csv": lambda: L.pytorch.loggers.CSVLogger(
+               "csv", name="lit", flush_logs_every_n_steps=cfg["csv_flush_every"]),
+           "mlflow": lambda: L.pytorch.loggers.MLFlowLogger(experiment_name="lit"),
+           "wandb": lambda: L.pytorch.loggers.WandbLogger(project="lit")}
 logger = L.pytorch.loggers.TensorBoardLogger("tb", name="lit") if cfg["tensorboard"] else False
+if cfg["logger"]:
+    logger = loggers[cfg["logger"]]()
 trainer = L.Trainer(max_epochs=cfg["max_epochs"], callbacks=[cb], accelerator="cpu",
                     logger=logger, log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, deterministic=True)
