@@ -97,6 +97,7 @@ class PrudentCallback(_pl.Callback):
         self._dropping: list[int] | None = None  # a rollback's skip: [first step, batches]
         self._ctrl_c = _CtrlC()
         self._last_batch: int | None = None  # the epoch's last batch_idx (Lightning's limits)
+        self._stop_at_epoch_end = False  # a stop that came at the epoch's last batch waits
         self._handed: list[Any] = []  # sinks whose rows the training thread hands to a logger
         _LATEST["run"] = self.adapter
 
@@ -252,8 +253,12 @@ class PrudentCallback(_pl.Callback):
         loss = self._loss if self._automatic else _returned_loss(outputs)
         self._loss = None
         ctx = self.adapter.ctx
+        metrics = {"loss": loss} if loss is not None else {}
+        if batch_idx == self._last_batch and self.adapter.stop_pending() is not None:
+            self._hold_stop_to_epoch_end(trainer, metrics)
+            return
         ctx.epoch_end_follows = batch_idx == self._last_batch
-        stop = self.adapter.step_done({"loss": loss} if loss is not None else {})
+        stop = self.adapter.step_done(metrics)
         ctx.epoch_end_follows = False
         if self._dropping is not None and not self._rollback.skip_left:
             self._dropped()
@@ -261,6 +266,20 @@ class PrudentCallback(_pl.Callback):
             self._hand_over()
         if stop is not None:
             self._stop_if(trainer, stop)
+
+    def _hold_stop_to_epoch_end(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        """A stop (a preemption notice, a rule) at the epoch's last batch is taken at the
+        epoch's end, as a periodic checkpoint there is: Lightning restarts from a checkpoint
+        of an epoch's last step with the next epoch and without that epoch's validation,
+        whose loader draws from the RNG (the next epoch's order would differ). Lightning's
+        own SIGTERM handling would end fit before the epoch's end: it waits too."""
+        self.adapter.count_step(metrics)
+        self._stop_at_epoch_end = True
+        if self._handed:
+            self._hand_over()
+        connector = getattr(trainer, "_signal_connector", None)
+        if getattr(connector, "received_sigterm", False):
+            connector.received_sigterm = False
 
     def _dropped(self) -> None:
         """A rollback's skip is done (or the fit ends in it): say what was not trained."""
@@ -274,9 +293,11 @@ class PrudentCallback(_pl.Callback):
         if trainer.sanity_checking or self.adapter.stop is not None:
             return
         metrics = {k: v for k, v in trainer.callback_metrics.items() if _scalar(v)}
-        self._stop_if(trainer, self.adapter.log(**metrics))
+        stop = self.adapter.log(take_stop=not self._stop_at_epoch_end, **metrics)
+        self._stop_if(trainer, stop)
 
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        self._stop_at_epoch_end = False
         self._stop_if(trainer, self.adapter.epoch_end(trainer.current_epoch))
 
     def _stop_if(self, trainer: Any, stop: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -332,3 +333,28 @@ def test_a_resumed_fit_logs_on_in_its_wandb_loggers_run_without_a_step_twice(
     _once_each([row["trainer/global_step"] for row in rows if "train_loss" in row], 0)
     _once_each([row["prudent/step"] for row in rows if "prudent/loss" in row], 1)
     assert attempts[1].summary["prudent/status"] == "completed"
+
+
+@pytest.mark.slow
+def test_sigterm_at_an_epochs_last_batch_resumes_bit_identical_with_its_validation_once(
+        project: Project) -> None:
+    """The stop waits for the epoch's end (its validation) as a periodic checkpoint does:
+    taken at the last batch, Lightning restarted with the next epoch and without that epoch's
+    validation, whose loader draws from the RNG; the next epoch's order differed (max |dw|
+    0.057) and the epoch's validation was never recorded."""
+    reference = project.prudent("run", "--run-id", "ref", "--set", "out=ref.pt", "--",
+                                sys.executable, TRAIN, timeout=240)
+    assert reference.returncode == 0, reference.stderr
+    result = project.prudent("run", "--run-id", "last", "--max-restarts", "1",
+                             "--restart-backoff-s", "0.1", "--set", "term_at_step=23", "--",
+                             sys.executable, TRAIN, timeout=240)
+    assert result.returncode == 0, result.stderr
+    assert "relaunch 1 of 1 after exit code 75" in result.stderr and f"DONE {STEPS}" in result.stdout
+    assert "resumed from ckpt-0000000023: step 23, epoch 2, 0 batches into it" in result.stderr
+    assert_identical(torch.load(project.path / "ref.pt", weights_only=True),
+                     torch.load(project.path / "final.pt", weights_only=True))
+    db = project.path / ".prudent" / "prudent.db"
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        validated = [s for (s,) in conn.execute(
+            "SELECT step FROM metrics WHERE run_id = 'last' AND name = 'val_acc' ORDER BY step")]
+    assert validated == [23, 46, 69]  # each epoch's validation once

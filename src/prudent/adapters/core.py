@@ -231,17 +231,17 @@ class AdapterRun:
         """A micro-batch of gradient accumulation ended without an optimizer step."""
         self._batch_end = clock()
 
-    def log(self, **metrics: Any) -> StopReason | None:
-        """Evaluation metrics (the tuner reads its objective here); returns a stop, if any."""
+    def log(self, take_stop: bool = True, **metrics: Any) -> StopReason | None:
+        """Evaluation metrics (the tuner reads its objective here); returns a stop, if any
+        (``take_stop=False``: a pending one is left for a later hook, the epoch's end)."""
         from prudent.store_writer import to_floats
 
         values = {k: v for k, v in zip(metrics, to_floats(metrics.values())) if v is not None}
-        if not values:
-            return self.take_stop()
-        self.ctx.host_reads.clear()
-        self.ctx.logged.update(values)
-        self.ctx.emit(Event.LOG, values)
-        return self.take_stop()
+        if values:
+            self.ctx.host_reads.clear()
+            self.ctx.logged.update(values)
+            self.ctx.emit(Event.LOG, values)
+        return self.take_stop() if take_stop else self.stop
 
     def epoch_end(self, epoch: int) -> StopReason | None:
         """The framework finished an epoch (not one cut short by a stop)."""
