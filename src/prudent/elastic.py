@@ -13,14 +13,18 @@ on (``prudent.cost.shape``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from prudent.events import EventKind
 
 if TYPE_CHECKING:
     from prudent.context import RunContext
 
-__all__ = ["peer_lost", "record_membership"]
+__all__ = ["announce_crash", "crashed_peer", "peer_lost", "record_membership"]
+
+_STORE_WAIT_S = 5.0  # a store whose host is gone with its machine must not hang the exit
 
 # what a collective raises when another rank's process or machine is gone (in an error of
 # the collectives' own: a user's socket error is the user's)
@@ -43,6 +47,51 @@ def peer_lost(exc: BaseException) -> str | None:
             ours and any(s in text for s in _LOST_PEER_SIGNS)):
         return None
     return text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+
+
+def announce_crash(rank: int, message: str) -> None:
+    """This rank's script raised: a note in torch.distributed's key-value store (torchrun's,
+    which outlives the workers), so that the ranks left do not take its loss for a vanished
+    machine (exit 75, resumed without end) but for the crash it is (exit 1)."""
+    store = _default_store()
+    if store is not None:
+        try:
+            store.set(_crash_key(rank), message[:500])
+        except Exception:  # noqa: BLE001 - the crash itself is what this rank reports
+            pass
+
+
+def crashed_peer(world_size: int, me: int) -> str | None:
+    """``"rank N: <its error>"`` when another rank of this launch announced a crash."""
+    store = _default_store()
+    if store is None:
+        return None
+    try:
+        for rank in range(world_size):
+            if rank != me and store.check([_crash_key(rank)]):
+                return f"rank {rank}: {store.get(_crash_key(rank)).decode(errors='replace')}"
+    except Exception:  # noqa: BLE001 - the store went with the machine: a lost rank, then
+        return None
+    return None
+
+
+def _crash_key(rank: int) -> str:
+    # torchrun restarts its workers with the same store: a note per restart
+    return f"prudent/crashed/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
+
+
+def _default_store() -> Any:
+    try:
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        if not dist.is_initialized():
+            return None
+        store = _get_default_store()
+        store.set_timeout(timedelta(seconds=_STORE_WAIT_S))
+        return store
+    except Exception:  # noqa: BLE001 - no store (another init method, an old torch)
+        return None
 
 
 def record_membership(run: RunContext, saved_hosts: list[str] | None, hosts: list[str]) -> None:

@@ -10,6 +10,7 @@ fires.
 from __future__ import annotations
 
 import re
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from types import TracebackType
@@ -17,7 +18,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prudent.context import RunContext
+from prudent.context import RunContext, describe
+from prudent.distributed import ranks_from_env
 from prudent.errors import ConfigError, StopRun
 from prudent.events import Event
 from prudent.state import RunState
@@ -457,6 +459,9 @@ class Run:
                 ctx.finish("stopped", StopReason(StopKind.INTERRUPTED, None, exc.message),
                            exc.message)
                 return False
+        if isinstance(exc, StopRun) and exc.stop.kind is StopKind.PREEMPTED \
+                and ctx.world_size > 1:
+            self._peer_crash_is_not_a_preemption()  # torchrun's SIGTERM after a rank's crash
         if isinstance(exc, StopRun) and exc.stop.finished:
             ctx.finish("completed", exc.stop, exc.message)  # early stopping: the code after
             return True  # `with run:` runs (saving, testing, exporting the best weights), exit 0
@@ -472,13 +477,35 @@ class Run:
         if ctx.closed:  # the run already ended (refused: bad input found mid-way)
             return False
         if ctx.world_size > 1 and isinstance(exc, Exception):
-            from prudent.elastic import peer_lost
+            from prudent.elastic import announce_crash, peer_lost
 
             lost = peer_lost(exc)
             if lost is not None:  # not the script's failure: the survivors resume elsewhere
+                self._peer_crash_is_not_a_preemption()
                 self._rank_lost(lost)
+            announce_crash(ranks_from_env().rank, describe(exc))
         ctx.fail(exc)  # a bundle before END: the state is as it failed
         return False
+
+    def _peer_crash_is_not_a_preemption(self) -> None:
+        """Another rank's script raised (its note in torch.distributed's store says so): this
+        rank's failed collective, or torchrun's SIGTERM that followed, is that crash, not a
+        machine gone. The run fails (exit 1: a bug is not resumed without end as a 75 is)."""
+        from prudent.elastic import crashed_peer
+        from prudent.stop import ExitCode
+
+        ctx = self.context
+        ranks = ranks_from_env()
+        crashed = crashed_peer(ctx.world_size, ranks.rank)
+        if crashed is None:
+            return
+        message = f"{crashed} (its capture bundle and traceback are in that rank's output)"
+        if ranks.is_main:
+            print(f"prudent | {ctx.id} | failed: {message}", file=sys.stderr, flush=True)
+        ctx.finish("failed", StopReason(StopKind.ERROR, None, message), message)
+        if ctx.exit_on_stop:
+            tell_launcher(int(ExitCode.ERROR), message)
+            raise SystemExit(int(ExitCode.ERROR))
 
     def _rank_lost(self, error: str) -> None:
         """Another rank's process or machine is gone (its collectives failed): a stop to

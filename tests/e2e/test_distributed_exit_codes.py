@@ -66,3 +66,18 @@ def test_nan_on_one_rank_stops_every_rank_and_prudent_run_exits_3(ddp: Project) 
         ("stopped", "rule:non_finite", 3)
     rank0, rank1 = last_steps(ddp)
     assert rank0 == rank1 < 150
+
+
+@pytest.mark.slow
+def test_a_crash_on_rank_1_fails_the_run_with_exit_1_not_a_preemption(ddp: Project) -> None:
+    """Rank 1's script raises: rank 0's collective then fails as if a machine had vanished.
+    It is the crash it is (exit 1, failed, the rank and its error named), not a 75 that
+    SLURM's requeue or SkyPilot's recovery would relaunch without end."""
+    result = ddp.prudent("run", "--run-id", "crash", "--set", "crash_rank1_at=20", "--",
+                         *torchrun(), timeout=300)
+    assert result.returncode == 1, result.stderr
+    shown = ddp.show("crash")
+    assert (shown["status"], shown["stop_reason"], shown["exit_code"]) == ("failed", "error", 1)
+    end = [e for e in shown["events"] if (e["kind"], e["name"]) == ("lifecycle", "end")]
+    assert end[-1]["message"].startswith("rank 1: RuntimeError: boom on rank 1"), end
+    assert "rank_lost" not in {e["name"] for e in shown["events"]}
