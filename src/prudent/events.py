@@ -90,7 +90,7 @@ class EventKind(str, Enum):
 RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
     EventKind.LIFECYCLE: ("start", "stop_requested", "end", "rank_lost", "membership",
                           "healed", "not_committed", "unreplicated_model"),
-    EventKind.SUPERVISOR: ("exit", "end"),
+    EventKind.SUPERVISOR: ("exit", "end", "relaunch", "preempted_while_starting", "end_cut"),
     EventKind.CHECKPOINT: ("skipped", "fresh_start", "resumed", "emergency_skipped",
                            "not_restored", "save_failed", "saved", "interval", "record_imported",
                            "record_lost", "not_finite", "restored", "rank_fresh",

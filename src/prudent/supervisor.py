@@ -86,7 +86,7 @@ class Supervisor:
         store = Store.open(self.settings.store)
         try:
             done = store.get_run(self.run_id) or self._completed_elsewhere()
-            if done is not None and done["status"] == "completed":
+            if done is not None and done["status"] == "completed" and not _end_was_cut(done):
                 # a finished run stays finished: resumed, it would train its last steps
                 # again (twice the rows, a restart counted, the duration inflated)
                 print(f"prudent | {self.run_id} | already completed at step {done['step']}; "
@@ -155,11 +155,27 @@ class Supervisor:
         if code >= 0 or -code not in PREEMPTION_SIGNALS or -code not in self.forwarder.signals:
             return code
         name = signal.Signals(-code).name
+        record = store.get_run(self.run_id)
+        if record is not None and record["status"] == "completed":
+            return self._end_cut(store, name)
         message = (f"{name} ended the training process before the script could handle it (it "
                    "had not reached prudent.init): a preempted run, resumed from its newest "
                    "checkpoint by the next launch")
         print(f"prudent: {message} (exit {int(ExitCode.PREEMPTED)})", file=sys.stderr, flush=True)
         _event(store, self.run_id, "preempted_while_starting", message, signal=name)
+        return int(ExitCode.PREEMPTED)
+
+    def _end_cut(self, store: Store, name: str) -> int:
+        """The notice came after the run completed, in the code after ``with run:`` (saving,
+        exporting, testing the model), which it cut: the run stays completed, and the next
+        launch runs the script again from its newest checkpoint to finish that code (exit 75;
+        the record's exit code 75 tells that launch that its end was cut)."""
+        message = (f"{name} ended the training process after its run completed, in the code "
+                   "after `with run:` (saving, exporting, testing), which did not finish: the "
+                   "next launch runs the script again from the newest checkpoint to finish it")
+        print(f"prudent: {message} (exit {int(ExitCode.PREEMPTED)})", file=sys.stderr, flush=True)
+        _event(store, self.run_id, "end_cut", message, signal=name)
+        store.update_run(self.run_id, exit_code=int(ExitCode.PREEMPTED))
         return int(ExitCode.PREEMPTED)
 
     def _should_relaunch(self, code: int, attempt: int,
@@ -172,7 +188,7 @@ class Supervisor:
         if attempt >= self.max_restarts or self.signals_seen:
             return False
         if record is not None and record["status"] in ("completed", "stopped"):
-            return record["stop_reason"] == "preempted"
+            return record["stop_reason"] == "preempted" or _end_was_cut(record)
         return code == ExitCode.PREEMPTED or code == ExitCode.ERROR or code < 0
 
     def _wait_before_relaunch(self, store: Store, code: int, attempt: int) -> None:
@@ -282,6 +298,12 @@ class Supervisor:
         except StoreError as exc:  # the exit code still says how the run ended
             print(f"prudent: warning: run {self.run_id} exited with code {code} but the store "
                   f"could not record it: {exc}", file=sys.stderr)
+
+
+def _end_was_cut(record: dict[str, Any]) -> bool:
+    """A completed run whose process a preemption notice ended in the code after its
+    ``with run:`` block (``Supervisor._end_cut``): launched again, to finish that code."""
+    return record["status"] == "completed" and record.get("exit_code") == ExitCode.PREEMPTED
 
 
 def _job_code(code: int, record: dict[str, Any] | None) -> int:

@@ -235,3 +235,38 @@ def test_an_early_stopped_run_is_completed_and_the_code_after_it_runs(project: P
                            script("early_stop_then_export.py"))
     assert sick.returncode == 3, sick.stderr  # something is wrong: today's code, and no export
     assert not (project.path / "after.json").exists()
+
+
+def test_a_preemption_in_the_code_after_the_block_is_resumed_to_finish_that_code(
+        project: Project) -> None:
+    """SIGTERM while the completed run's script exports its model: not "before prudent.init"
+    and not finished either. Exit 75, and the next launch runs the script again (from its
+    newest checkpoint) so that the export is done; then it stays completed."""
+    import signal
+    import subprocess
+    import time
+
+    command = [sys.executable, "-m", "prudent", "run", "--run-id", "cut", "--set", "epochs=3",
+               "--set", "export_s=60", "--", sys.executable, script("early_stop_then_export.py")]
+    supervisor = subprocess.Popen(command, cwd=project.path, env=project.env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (project.path / "exporting").exists():
+        assert supervisor.poll() is None and time.monotonic() < deadline, supervisor.communicate()
+        time.sleep(0.05)
+    supervisor.send_signal(signal.SIGTERM)
+    _, err = supervisor.communicate(timeout=60)
+    assert supervisor.returncode == 75, err
+    assert "after its run completed, in the code after `with run:`" in err, err
+    assert "had not reached prudent.init" not in err
+    assert not (project.path / "after.json").exists()  # the export was cut
+    again = project.prudent("run", "--run-id", "cut", "--set", "epochs=3", "--set",
+                            "export_s=0.1", "--", sys.executable,
+                            script("early_stop_then_export.py"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads((project.path / "after.json").read_text())["status"] == "completed"
+    shown = project.show("cut")
+    assert (shown["status"], shown["exit_code"]) == ("completed", 0)
+    third = project.prudent("run", "--run-id", "cut", "--set", "epochs=3", "--",
+                            sys.executable, script("early_stop_then_export.py"))
+    assert third.returncode == 0 and "already completed" in third.stderr, third.stderr

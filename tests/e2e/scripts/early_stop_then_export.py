@@ -1,9 +1,11 @@
 """An epoch loop whose validation loss improves, then stops improving (scripted per epoch so
 the early stop lands where a test expects it; the training itself is real), followed by the
 code scripts put after training: save the final weights, write what the run says. With
-`nan_at` set the loss turns NaN at that step instead: a sick run."""
+`nan_at` set the loss turns NaN at that step instead: a sick run. `export_s` makes the export
+take that long (it writes `exporting` first): a test preempts the machine during it."""
 
 import json
+import time
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import prudent
 
-run = prudent.init(name="early", config={"epochs": 12, "nan_at": 0})
+run = prudent.init(name="early", config={"epochs": 12, "nan_at": 0, "export_s": 0.0})
 cfg = run.config
 val_losses = [1.0, 0.8, 0.7, 0.75, 0.72, 0.71, 0.74, 0.9, 0.8, 0.7, 0.6, 0.5]
 torch.manual_seed(0)
@@ -33,6 +35,9 @@ with run:
             run.step(loss=loss)
         run.log(val_loss=val_losses[epoch])
 # after training: what a script exports, reached only when the training ended well
+if cfg["export_s"]:
+    open("exporting", "w").close()
+    time.sleep(cfg["export_s"])
 torch.save(model.state_dict(), "final.pt")
 with open("after.json", "w") as out:
     json.dump({"status": run.status, "stop_reason": run.stop_reason,
