@@ -57,6 +57,13 @@ BAD_VALUE = [
     (["preflight", "--step", "4", "--", "python", "train.py"],
      r"'--step' is not an option of .*prudent preflight \(did you mean --steps\?"),
     (["replay", "r1", "--stp", "3"], "did you mean --step"),
+    # prudent's own --set after the command: the script would get it, trained with the default
+    (["run", "--", "python", "train.py", "--set", "lr=0.1"],
+     r"'--set lr=0.1' comes after the training command, so the script would get it and "
+     r"prudent would not set 'lr': put it before the command \(.*prudent run --set lr=0.1 -- "
+     r"python train.py \.\.\.\)"),
+    (["tune", "--space", "s.yaml", "--objective", "val_loss", "--", "python", "train.py",
+      "--set=lr=0.1"], "'--set lr=0.1' comes after the training command"),
     (["run", "--zzz", "--", "python", "train.py"],
      r"'--zzz' is not an option of .*prudent run \(see .*prudent run --help\)"),
     (["tune", "--space", "space.yaml", "--trials", "abc", "--", "python", "train.py"],
