@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from prudent.context import RunContext, describe
-from prudent.distributed import ranks_from_env
 from prudent.errors import ConfigError, StopRun
 from prudent.events import Event
 from prudent.state import RunState
@@ -477,6 +476,7 @@ class Run:
         if ctx.closed:  # the run already ended (refused: bad input found mid-way)
             return False
         if ctx.world_size > 1 and isinstance(exc, Exception):
+            from prudent.distributed import ranks_from_env
             from prudent.elastic import announce_crash, peer_lost
 
             lost = peer_lost(exc)
@@ -491,6 +491,7 @@ class Run:
         """Another rank's script raised (its note in torch.distributed's store says so): this
         rank's failed collective, or torchrun's SIGTERM that followed, is that crash, not a
         machine gone. The run fails (exit 1: a bug is not resumed without end as a 75 is)."""
+        from prudent.distributed import ranks_from_env
         from prudent.elastic import crashed_peer
         from prudent.stop import ExitCode
 
