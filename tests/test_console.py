@@ -98,3 +98,30 @@ def test_the_status_line_of_a_loop_of_its_own_counts_bare_steps(settings: Projec
     status = [line for line in out.getvalue().splitlines() if "steps/s" in line]
     assert status and all("epoch" not in line and " | eta " not in line for line in status)
     assert f"prudent | {run.id} | step 5 | " in status[-1]
+
+
+def test_a_preempted_run_whose_id_was_made_says_how_to_resume_it(
+        settings: ProjectSettings, monkeypatch) -> None:
+    """The same command again would start a new run from step 0: the stop line names the id."""
+    import os
+    import signal
+
+    from prudent.launch import ENV_RUN_ID
+
+    said = {}
+    for given in (None, "mine"):
+        if given:
+            monkeypatch.setenv(ENV_RUN_ID, given)
+        out = NotATerminal()
+        run = prudent.init(name="console", settings=settings, exit_on_stop=False,
+                           components=[ConsoleReporter(ConsoleSettings(mode="plain"), stream=out)])
+        with run:
+            for step in run.steps(50):
+                if step == 3:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                run.step(loss=0.5)
+        said[given] = (run.id, out.getvalue().splitlines()[-1])
+    made_id, last = said[None]
+    assert last == (f"prudent | {made_id} | to resume it from its newest checkpoint, run the "
+                    f"same command with --run-id {made_id} (prudent run --run-id {made_id} -- ...)")
+    assert "to resume it" not in said["mine"][1]  # the id was given: the same command resumes

@@ -72,6 +72,7 @@ class RunContext:
         # a component refused the run as it started (bad input: a checkpoint location that
         # cannot be written); its end says nothing on the console: the error does
         self.refused = False
+        self.id_was_made = False  # the id was made for this launch: a relaunch must be given it
         # the step being ended is its epoch's last and the framework ends the epoch next (set
         # by an adapter: Lightning validates first): a save due now waits for the epoch's end,
         # a position the framework resumes exactly (see Checkpointer.on_step_end)

@@ -45,7 +45,8 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
         settings = settings or load_settings()
         spec = LaunchSpec.from_env()
         resolved = apply_overrides(config or {}, spec.overrides, ProjectSettings.model_fields)
-        run_id = validate_run_id(spec.run_id or _shared_run_id(name, ranks))
+        made = None if spec.run_id else _shared_run_id(name, ranks)
+        run_id = validate_run_id(spec.run_id or made or "")
     except ConfigError as exc:
         return _bad_input(exc, exit_on_stop)
     name = spec.name or name or _script_name()
@@ -62,6 +63,7 @@ def init(name: str | None = None, config: Mapping[str, Any] | None = None, *,
         if store is not None else None,
         settings=settings, exit_on_stop=exit_on_stop, components=components,
         handle_signals=settings.run.handle_signals)
+    context.id_was_made = made is not None and _launcher_job_id(ranks) is None
     run = Run(context, settings.run, smoke=spec.smoke)
     try:
         context.start()
@@ -92,12 +94,19 @@ def _shared_run_id(name: str | None, ranks: Ranks,
     torchrun's rendezvous id (``--rdzv-id``; "none" when not given), SLURM's job id (the same
     on every node and across a requeue), SkyPilot's task id (the same on every node and
     across a recovery). Characters a run id cannot hold become '-'."""
+    job_id = _launcher_job_id(ranks, environ)
+    if job_id is None:
+        return new_run_id(name or _script_name())
+    return job_run_id(name or _script_name(), job_id)
+
+
+def _launcher_job_id(ranks: Ranks, environ: Mapping[str, str] | None = None) -> str | None:
+    """The job's id from its launcher (the same on every node and on a relaunch), for a
+    distributed run; None otherwise."""
     env = os.environ if environ is None else environ
     ids = [env.get(var, "") for var in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SKYPILOT_TASK_ID")]
     job_id = next((i for i in ids if i and i != "none"), None)
-    if not ranks.is_distributed or job_id is None:
-        return new_run_id(name or _script_name())
-    return job_run_id(name or _script_name(), job_id)
+    return job_id if ranks.is_distributed else None
 
 
 def job_run_id(name: str, job_id: str) -> str:

@@ -17,6 +17,7 @@ from prudent.console.settings import ConsoleSettings
 from prudent.events import Component
 from prudent.loop_times import TOKENS
 from prudent.pace import StepPace, steps_within
+from prudent.stop import StopKind
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -80,6 +81,10 @@ class ConsoleReporter(Component):
         # run.step(tokens=n) is a count for tokens/s (the profile line), not a value to report
         latest = " ".join(f"{k}={_fmt(v)}" for k, v in sorted(run.latest.items()) if k != TOKENS)
         self._print(f"{how} after {elapsed}, {run.state.step} steps. {latest}".rstrip(), run)
+        if run.id_was_made and stop_reason is not None and stop_reason.kind is StopKind.PREEMPTED:
+            # the same command again would start afresh: the resume needs this run's id
+            self._print(f"to resume it from its newest checkpoint, run the same command with "
+                        f"--run-id {run.id} (prudent run --run-id {run.id} -- ...)", run)
 
     # output -------------------------------------------------------------------------------
     def _print(self, text: str, run: RunContext | None = None) -> None:
