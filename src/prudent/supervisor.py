@@ -275,8 +275,8 @@ class Supervisor:
         try:
             child = self.forwarder.add(spawn(self.command, self.child_spec(), extra=extra))
         except OSError as exc:
-            print(f"prudent: error: cannot start {self.command[0]!r}: {exc.strerror}",
-                  file=sys.stderr)
+            print(f"prudent: error: cannot start {self.command[0]!r}: {exc.strerror}"
+                  f"{_start_hint(self.command[0])}", file=sys.stderr)
             return 127
         return child.wait()
 
@@ -298,6 +298,18 @@ class Supervisor:
         except StoreError as exc:  # the exit code still says how the run ended
             print(f"prudent: warning: run {self.run_id} exited with code {code} but the store "
                   f"could not record it: {exc}", file=sys.stderr)
+
+
+def _start_hint(program: str) -> str:
+    """Why a program that could not be started most likely could not be, and the fix."""
+    if program.endswith(".py") or (Path(program).is_file() and not os.access(program, os.X_OK)):
+        return (f" ({program} is a script, not a program: give its interpreter first, "
+                f"prudent run -- python {program})")
+    if program in ("torchrun", "accelerate", "deepspeed") or "/" not in program:
+        return (f" ({program} is not on PATH: activate the environment it is installed in"
+                + (", or use python -m torch.distributed.run" if program == "torchrun" else "")
+                + ")")
+    return ""
 
 
 def _end_was_cut(record: dict[str, Any]) -> bool:

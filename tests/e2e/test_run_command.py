@@ -213,6 +213,12 @@ def test_script_that_raises_is_failed_with_its_error(project: Project) -> None:
 def test_missing_command_is_exit_127_and_recorded(project: Project) -> None:
     result = project.prudent("run", "--run-id", "nocmd", "--", "definitely-not-a-program")
     assert result.returncode == 127 and "cannot start 'definitely-not-a-program'" in result.stderr
+    assert "is not on PATH: activate the environment it is installed in" in result.stderr
+    (project.path / "train.py").write_text("print('hi')\n")  # a script given as the program
+    script_only = project.prudent("run", "--run-id", "noint", "--", "train.py")
+    assert script_only.returncode == 127, script_only.stderr
+    assert ("(train.py is a script, not a program: give its interpreter first, prudent run -- "
+            "python train.py)") in script_only.stderr
     assert project.show("nocmd")["status"] == "failed"
 
 
