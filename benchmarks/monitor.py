@@ -62,6 +62,7 @@ DEFAULT_JSON = ROOT / "benchmarks" / "results" / "monitor.json"
 HANG = {"monitor": {"rules": {"stalled": {"timeout_s": 3, "grace_s": 2}}}}
 EVERY_50 = {"checkpoint": {"every": "50steps"}}  # rollback needs a checkpoint before the spike
 REPAIR_TOLERANCE = 0.02
+ACCURACY_TOLERANCE = 0.01  # a repaired burst ends within 1% of the untouched run's val_acc
 
 
 @dataclass(frozen=True)
@@ -72,20 +73,23 @@ class Scenario:
     repair: bool = False  # meant to be repaired (skip, rollback), not stopped
     script_name: str | None = None  # monitor_<name>.py unless one script plays several
     env: dict[str, str] = field(default_factory=dict)  # that script's variant
+    file: str | None = None  # a script not named monitor_*.py
 
     @property
     def script(self) -> Path:
-        return SCRIPTS / f"monitor_{self.script_name or self.name}.py"
+        return SCRIPTS / (self.file or f"monitor_{self.script_name or self.name}.py")
 
 
 def burst(count: int, scale: int, at: str) -> Scenario:
-    """A healthy run whose ``count`` batches in a row from step ``at`` (early: 100, middle:
-    300, late: 560 of 672) have their inputs scaled ``scale`` times: a bad shard, repairable."""
-    onset = {"early": 100, "middle": 300, "late": 560}[at]
-    return Scenario(f"burst_{count}x{scale}_{at}", ("loss_spike",), repair=True,
-                    script_name="burst_skip", env={"MONITOR_BURST": str(count),
-                                                   "MONITOR_SCALE": str(scale),
-                                                   "MONITOR_ONSET": str(onset)})
+    """A healthy run whose ``count`` batches in a row from step ``at`` (warmup: 50, inside
+    loss_spike's warm-up of 67 steps; early: 100, middle: 300, late: 560 of 672) have their
+    inputs scaled ``scale`` times: a bad shard, repairable (``burst_train.py``:
+    ``monitor_burst_skip.py``'s run, logging val_acc as well)."""
+    onset = {"warmup": 50, "early": 100, "middle": 300, "late": 560}[at]
+    return Scenario(f"burst_{count}x{scale}_{at}", ("loss_spike", "exploding_gradient"),
+                    repair=True, file="burst_train.py",
+                    env={"BURST_LENGTH": str(count), "BURST_SCALE": str(scale),
+                         "BURST_ONSET": str(onset)})
 
 
 SCENARIOS = [
@@ -105,6 +109,7 @@ SCENARIOS = [
     Scenario("spike_skip", ("loss_spike",), repair=True),
     *(burst(count, scale, at) for count, scale in ((1, 50), (3, 10), (3, 50), (10, 50))
       for at in ("early", "middle", "late")),
+    burst(1, 50, "warmup"), burst(3, 50, "warmup"),
     Scenario("late_nan", ("non_finite",)),
     Scenario("lr_zero", ("update_ratio",)),
     Scenario("healthy_mlp", None),
@@ -139,6 +144,8 @@ class Outcome:
     rollbacks: int = 0
     skips: int = 0
     final_val_loss: float | None = None
+    final_val_acc: float | None = None
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (step, rule) of each skip
     checkpoints: int = 0  # written and kept (all of them: keep is raised)
     bad_checkpoints: list[str] = field(default_factory=list)  # holding NaN/inf
     refused: int = 0  # saves not committed because a tensor was not finite
@@ -196,6 +203,7 @@ def read_outcome(scenario: Scenario, mode: str, seed: int, project: Path,
                 messages[event["name"]] = event["message"]
         onset = int(match.group(2)) if match.group(2).isdigit() else best_val_step(store, run_id)
         losses = [v for _, v in store.metric_series(run_id, "val_loss") if v is not None]
+        accuracies = [v for _, v in store.metric_series(run_id, "val_acc") if v is not None]
     finally:
         store.close()
     count = lambda kind, name: sum(e["kind"] == kind and e["name"] == name for e in events)  # noqa: E731
@@ -204,6 +212,9 @@ def read_outcome(scenario: Scenario, mode: str, seed: int, project: Path,
                    fired, messages, rollbacks=count("monitor", "rollback"),
                    skips=count("monitor", "skipped_update"),
                    final_val_loss=losses[-1] if losses else None,
+                   final_val_acc=accuracies[-1] if accuracies else None,
+                   skipped=[(e["step"], e["payload"].get("rule", "?")) for e in events
+                            if (e["kind"], e["name"]) == ("monitor", "skipped_update")],
                    refused=count("checkpoint", "not_finite"))
 
 
@@ -257,6 +268,9 @@ def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
         "healthy_stops": sum(r.get("stops", 0) for r in healthy),
         "healthy_rollbacks": sum(r.get("rollbacks", 0) for r in healthy),
         "healthy_skips": sum(r.get("skips", 0) for r in healthy),
+        "bursts": sum(r["scenario"].startswith("burst_") for r in sick),
+        "bursts_first_skipped": sum(bool(r.get("first_skipped_by")) for r in sick
+                                    if r["scenario"].startswith("burst_")),
         "false_alarms_observe": sum(len(r.get("fired", {})) for r in healthy),
         "checkpoints_checked": sum(o.checkpoints for o in outcomes),
         "bad_checkpoints": [b for o in outcomes for b in o.bad_checkpoints],
@@ -297,7 +311,11 @@ def default_row(scenario: Scenario, run: Outcome, reference: Outcome | None) -> 
     row: dict[str, Any] = {"default_mode": {
         "status": run.status, "stop_reason": run.stop_reason, "steps_run": run.steps,
         "exit_code": run.exit_code, "wall_s": round(run.wall_s, 2), "rollbacks": run.rollbacks,
-        "skips": run.skips, "final_val_loss": run.final_val_loss}}
+        "skips": run.skips, "final_val_loss": run.final_val_loss,
+        "final_val_acc": run.final_val_acc, "skipped": run.skipped}}
+    if run.onset is not None and scenario.repair:  # the first bad step's update, skipped?
+        row["first_skipped_by"] = next((rule for step, rule in run.skipped
+                                        if step == run.onset), None)
     planned = run.planned or 0
     # an early stop (early_stopping's finished training) ends the run completed, exit 0: a
     # stop all the same, with the steps it saved
@@ -313,8 +331,13 @@ def default_row(scenario: Scenario, run: Outcome, reference: Outcome | None) -> 
         gap = abs(run.final_val_loss - ref) / ref if ref else math.inf
         row["reference_val_loss"] = ref
         row["repair_gap"] = gap
-        row["verdict"] = "repaired" if gap <= REPAIR_TOLERANCE and (
-            run.rollbacks or run.skips) else "not repaired"
+        within = gap <= REPAIR_TOLERANCE
+        if run.final_val_acc is not None and reference.final_val_acc:
+            row["reference_val_acc"] = reference.final_val_acc
+            row["accuracy_gap"] = abs(run.final_val_acc - reference.final_val_acc) / (
+                reference.final_val_acc)
+            within = row["accuracy_gap"] <= ACCURACY_TOLERANCE  # judged on accuracy, if logged
+        row["verdict"] = "repaired" if within and (run.rollbacks or run.skips) else "not repaired"
     else:
         row["verdict"] = "completed (missed)"
     return row
@@ -347,6 +370,7 @@ def print_report(summary: dict[str, Any], console: Console) -> None:
                       str(row.get("stop_latency_steps", "")),
                       "" if pct is None else f"{pct:.0f}%", "" if saved is None else f"{saved:.0%}")
     console.print(table)
+    print_bursts(summary, console)
     healthy = Table(title="healthy runs: default rules, every seed")
     for name in ("scenario", "seeds", "stops", "rollbacks", "skipped updates",
                  "would fire (observe, seed 0)"):
@@ -367,6 +391,30 @@ def print_report(summary: dict[str, Any], console: Console) -> None:
         f"checkpoints: {summary['checkpoints_checked']} loaded, "
         f"{len(summary['bad_checkpoints'])} non-finite; "
         f"{summary['saves_refused_not_finite']} saves refused for NaN/inf")
+
+
+def print_bursts(summary: dict[str, Any], console: Console) -> None:
+    """The burst scenarios: what became of the run, its accuracy next to the untouched run's,
+    and which rule skipped the first bad step's update (none: it was applied)."""
+    table = Table(title="bursts of bad batches: default rules")
+    for name in ("scenario", "onset", "verdict", "skips (step:rule)", "first bad step",
+                 "val_acc", "untouched", "gap"):
+        table.add_column(name)
+    short = {"loss_spike": "ls", "exploding_gradient": "eg"}
+    for row in summary["rows"]:
+        if not row["scenario"].startswith("burst_"):
+            continue
+        default = row.get("default_mode", {})
+        skipped = " ".join(f"{step}:{short.get(rule, rule)}" for step, rule in
+                           default.get("skipped", []))
+        gap = row.get("accuracy_gap")
+        table.add_row(row["scenario"], str(row["onset"]), row.get("verdict", ""), skipped,
+                      row.get("first_skipped_by") or "applied",
+                      _num(default.get("final_val_acc")), _num(row.get("reference_val_acc")),
+                      "" if gap is None else f"{gap:.2%}")
+    console.print(table)
+    console.print(f"first bad step of a burst skipped in {summary['bursts_first_skipped']} of "
+                  f"{summary['bursts']} burst runs")
 
 
 def _num(value: Any) -> str:

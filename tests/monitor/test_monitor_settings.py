@@ -27,7 +27,7 @@ def test_every_rule_is_on_by_default_with_the_documented_actions() -> None:
     actions = {name: rule.settings.action for name, rule in rules.items()}
     assert actions == {
         "non_finite": ["stop"], "loss_spike": ["skip", "rollback"],
-        "exploding_gradient": ["stop"], "vanishing_gradient": ["stop"],
+        "exploding_gradient": ["skip", "stop"], "vanishing_gradient": ["stop"],
         "loss_not_decreasing": ["stop"], "divergence": ["stop"], "overfitting": ["stop"],
         "early_stopping": ["stop"], "update_ratio": ["stop"], "dead_activations": ["stop"],
         "stalled": ["stop"], "memory_growth": ["stop"]}

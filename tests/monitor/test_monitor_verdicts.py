@@ -254,3 +254,15 @@ def test_a_return_to_the_plateau_after_a_lucky_dip_is_no_divergence(monkeypatch:
     # the noise is read from step-to-step differences: a steady climb is no noise
     assert progress._noise([0.01 * s for s in range(50)]) < 1e-3
     assert 0.08 < progress._noise(_noisy_plateau_with_a_dip(0)[500:550]) < 0.13
+
+
+def test_divergence_finds_its_best_again_after_a_rollback_to_before_it() -> None:
+    """An early burst's rollback may find only step 1's checkpoint: judged against the best
+    reached at step 80, the restored weights' loss read as a divergence (a healthy run
+    stopped). Restored to before the best, the rule starts over; to after it, it keeps it."""
+    rule = DivergenceRule()
+    rule.start, rule.best, rule.best_step = 2.3, 0.4, 80
+    rule.restored_to(90)
+    assert (rule.best, rule.best_step) == (0.4, 80)
+    rule.restored_to(1)
+    assert (rule.start, rule.best, rule.best_step) == (None, None, 0)

@@ -40,7 +40,7 @@ from prudent.monitor.base import (
 from prudent.monitor.registry import RULES
 from prudent.monitor.settings import MonitorSettings
 from prudent.monitor.stall_stacks import PEER_WAIT_S, RankStacks
-from prudent.monitor.stats import StepStats, saved_loss
+from prudent.monitor.stats import StepStats, on_grid, saved_loss
 from prudent.monitor.watchdog import StallWatchdog
 from prudent.monitor.webhook import WebhookSender
 from prudent.optimizer_step import put_back_step, replace_next_step
@@ -99,6 +99,16 @@ class Monitor(Component):
         self._judged_evals: tuple[int, list[str]] = (-1, [])
         spike = self.rules.get("loss_spike")
         self._skipper = spike if spike is not None and "skip" in spike.settings.action else None
+        # exploding_gradient's skip: a norm far above its median, judged before the update on
+        # the grid steps (measured whatever the timing) and on a step whose loss jumped
+        grad = self.rules.get("exploding_gradient")
+        self._norm_skipper: Any = grad if grad is not None and "skip" in grad.settings.action \
+            else None
+        self._norm_judged = -1  # the step whose loss jumped: its norm is judged too
+        self._norm_bar = math.inf  # a loss above it has its step's norm judged
+        self._watch_all = True  # started or restored: the next loss is looked at whatever it is
+        if self._norm_skipper is not None:
+            self.stats.measure_grid()
         # under torchrun: prudent's gloo group, over which the ranks agree on each skip (one
         # rank skipping an update alone would leave the replicas apart for good)
         self._agree: Any = None
@@ -134,6 +144,8 @@ class Monitor(Component):
                                                                               "webhook_failed", m))
         if "stalled" in self.rules:
             self._start_watchdog(run)
+        if run.world_size > 1 and self._norm_skipper is not None:
+            self._no_norm_skip(run, "each rank would judge its own loss jumps")
         if run.world_size > 1 and run.rank_group is not None and self._skipper is not None:
             self._agree = run.rank_group
             # each rank's vote is posted as the loss is known, before the backward pass (a
@@ -170,8 +182,10 @@ class Monitor(Component):
         if value - value != 0.0:  # NaN or infinite
             self._check_now = True
             run.wake(self)
-        elif value > self.stats.loss_jump_at:
+        elif value > self.stats.loss_jump_at or value > self._norm_bar:
             self.stats.look_closer(run.state.step)  # this step's gradient norm is measured
+            if value > self._norm_bar:  # and judged for exploding_gradient's skip
+                self._norm_judged = run.state.step + 1
             run.wake(self, Event.AFTER_BACKWARD)
         self._judge_value(run, value)
 
@@ -182,8 +196,10 @@ class Monitor(Component):
         skipper = self._skipper
         if self._device_loss_seen and skipper is None:
             above = None
+        elif self._watch_all:
+            above = -math.inf  # started (or restored) now: the first step's loss is looked at
         else:
-            above = self.stats.loss_jump_at
+            above = min(self.stats.loss_jump_at, self._norm_bar)
             if skipper is not None:
                 above = min(above, skipper.watch_above)
         if above != self._watched_above:
@@ -220,6 +236,8 @@ class Monitor(Component):
         if step >= stats.backward_due:
             bursting = stats.bursting
             stats.after_backward(step)
+            if self._norm_skipper is not None:
+                self._judge_norm(run, step, loss)
             if stats.bursting and not bursting:
                 run.wake(self)  # a jump in the norm: the rules look sooner while it lasts
             elif stats.sampled_at(step):
@@ -247,6 +265,7 @@ class Monitor(Component):
             stats.check_took(time.perf_counter() - started)
             if self._verdict_due is not None:
                 self._check_at(step)
+        self._watch_all = False
         self._watch_losses(run)  # a check (or a restored state) moved a threshold
         if (self._skipper is None or run.loss_watched_step == step) and not self._agreeing():
             # gradients are measured on some steps only: after_backward sleeps until the
@@ -277,6 +296,41 @@ class Monitor(Component):
             run.record_event(EventKind.MONITOR, "skipped_update",
                              skipper.describe_skip(step, value),  # type: ignore[attr-defined]
                              step=step, loss=value, rule="loss_spike")
+
+    def _judge_norm(self, run: RunContext, step: int, loss: Any) -> None:
+        """Before the update: skip it when the step's gradient norm is far above its median
+        (exploding_gradient's skip), on the steps judged whatever the timing: grid steps and
+        a step whose loss jumped (a step loss_spike skipped already is neither judged nor in
+        the median)."""
+        grid = on_grid(step)
+        if (not grid and self._norm_judged != step) or (self._repaired
+                                                         and self._repaired[-1] == step):
+            return
+        norm = self.stats.host_norm(step)
+        if norm is None:
+            if self.stats.measured(step):  # on a device: reading it would wait
+                self._no_norm_skip(run, "the gradients are on a device and reading their norm "
+                                   "before each judged update would make those steps wait")
+            return
+        rule = self._norm_skipper
+        ratio = rule.skips(step, norm, grid)
+        if grid:
+            rule.note_loss(run.host_scalar(loss))
+            self._norm_bar = rule.loss_bar()
+            self._watch_losses(run)
+        if ratio:
+            self._skip_next_update()
+            self._repaired.append(step)
+            run.wake(self)  # its end puts the optimizers' step back
+            run.record_event(EventKind.MONITOR, "skipped_update",
+                             rule.describe_skip(step, norm, ratio), step=step, grad_norm=norm,
+                             median=norm / ratio, rule="exploding_gradient")
+
+    def _no_norm_skip(self, run: RunContext, why: str) -> None:
+        self._norm_skipper, self._norm_bar = None, math.inf
+        self.stats.measure_grid(False)
+        self._say_blind(run, "exploding_gradient", "exploding_gradient does not skip updates "
+                        f"here: {why}; the norms are still judged at each check, for the stop")
 
     def _post_vote(self, run: RunContext, loss: Any) -> None:
         """BEFORE_BACKWARD under torchrun: this rank's vote on skipping the step's update (how
@@ -401,6 +455,9 @@ class Monitor(Component):
         if pending:
             self.stats.restore_pending(pending["steps"], pending["losses"])
         self._muted_until = dict(state.get("muted_until", {}))
+        if self._norm_skipper is not None:
+            self._norm_bar = self._norm_skipper.loss_bar()
+        self._watch_all = True  # restored after the watch was set: the next loss is looked at
         self.stats.peak_lr = state.get("peak_lr")
         self.best_checkpoint = state.get("best_checkpoint")
         self.start_loss = state.get("start_loss")
@@ -481,8 +538,8 @@ class Monitor(Component):
         steps = sorted(window.repaired)
         plural = "s" * (len(steps) > 1)
         return dataclasses.replace(finding, message=(
-            f"{finding.message}; it persisted after loss_spike skipped the update{plural} of "
-            f"step{plural} {', '.join(map(str, steps))}"))
+            f"{finding.message}; it persisted after the update{plural} of step{plural} "
+            f"{', '.join(map(str, steps))} {'were' if plural else 'was'} skipped"))
 
     def _noting_came_back(self, firing: Firing) -> tuple[Firing, bool]:
         """The firing, its message saying so when a rule that judges the updates fires again
@@ -511,11 +568,15 @@ class Monitor(Component):
         """Rules that smooth the loss forget the steps a rollback took back; loss_spike's
         baseline too when the weights went back beyond it (its losses were of weights trained
         further: the restored ones' loss would read as a spike that lasts)."""
+        last = self._rollback().last
         for rule in self.rules.values():
             forget = getattr(rule, "rolled_back", None)
             if forget is not None:
                 forget()
-        spike, last = self.rules.get("loss_spike"), self._rollback().last
+            restored_to = getattr(rule, "restored_to", None)
+            if restored_to is not None and last is not None:
+                restored_to(last[1])
+        spike = self.rules.get("loss_spike")
         if spike is not None and last is not None:
             spike.rewound(last[0] - last[1])  # type: ignore[attr-defined]
 

@@ -29,7 +29,7 @@ from prudent.monitor.memory import memory_sample
 from prudent.monitor.settings import MonitorSettings
 from prudent.monitor.shards import ShardedNorms
 
-__all__ = ["StepStats", "saved_loss"]
+__all__ = ["StepStats", "grid_after", "on_grid", "saved_loss"]
 
 _SAMPLED_ELEMENTS = 4096  # per weight tensor, for the update ratio
 _MAX_NORM_STRIDE = 32  # auto never measures the gradient norm less often than this
@@ -44,6 +44,10 @@ _MAX_HOST_LOSS_NORM_STRIDE = 64
 _DEAR_NORM = 0.01
 _BURST_JUMP = 3.0  # a norm this many times the previous one starts measuring every step
 _LOSS_JUMP = 4.0  # a host loss this many times the last window's mean: measure the next norm
+# the steps whose norm exploding_gradient's skip judges before the update, whatever the timing:
+# every step at first, then every 2, 4, ... as the run goes on, every 32 from step 128 (the
+# median it judges against fills in a few dozen steps, and costs a norm per 32 steps after)
+_GRID_EVERY = 32
 
 
 @dataclass
@@ -106,6 +110,7 @@ class StepStats:
         self._last_norm = 0.0
         self._norm_mean = 0.0  # moving mean of the last ~4 finite norms
         self._loss_jump_at = math.inf  # set from each window's losses
+        self.judge_grid = False  # exploding_gradient's skip: measure on every grid step too
         self._step_s: float | None = None  # the last window's mean step time
         self.last_step_s: float | None = None
         self._layout_cache: _Layout | None = None
@@ -170,8 +175,38 @@ class StepStats:
                     self._norms[step] = (_stack(norms), scale)
             self._norm_costs.append(self.clock() - started)
         follow = self._burst or self._jump_from is not None
-        self._next_norm = step + (1 if follow else self.norm_every)
+        if follow or not self.judge_grid:
+            self._next_norm = step + (1 if follow else self.norm_every)
+        else:  # the stride's multiples, a power of two: the grid's steps are among them
+            every = 1 << (self.norm_every - 1).bit_length()
+            self._next_norm = (step // every + 1) * every
+        if self.judge_grid:
+            self._next_norm = min(self._next_norm, grid_after(step))
         self.backward_due = min(self._next_sample, self._next_norm)
+
+    def measure_grid(self, on: bool = True) -> None:
+        """Measure the norm on every grid step too (see :func:`on_grid`), from the next step
+        on: exploding_gradient's skip judges them before their update."""
+        self.judge_grid = on
+        if on:
+            self._next_norm = min(self._next_norm, 1)
+            self._reschedule()
+
+    def measured(self, step: int) -> bool:
+        """The gradient norm of ``step`` was measured (and not yet taken in a window)."""
+        return step in self._norms
+
+    def host_norm(self, step: int) -> float | None:
+        """The global gradient norm measured at ``step``, as a number (None if not measured,
+        or measured on a device: reading it there would make the step wait)."""
+        norm = self._norms.get(step)
+        if norm is None or norm.__class__ is float:
+            return norm  # type: ignore[return-value]
+        per_tensor, scale = norm  # type: ignore[misc]
+        if not per_tensor.is_cpu or (scale is not None and not scale.is_cpu):
+            return None
+        value = self._norms[step] = _global_norm(per_tensor.tolist(), scale)
+        return value
 
     def _reschedule(self) -> None:
         """The next step whose backward needs us. Sharded, only an agreement moves it (see
@@ -520,6 +555,28 @@ class StepStats:
         least = _HOST_LOSS_NORM_STRIDE if dear else 1
         self.norm_every = max(least, min(_MAX_HOST_LOSS_NORM_STRIDE if dear else _MAX_NORM_STRIDE,
                                          wanted))
+
+
+def grid_every(step: int) -> int:
+    """Steps between two grid steps around ``step`` (see :func:`on_grid`)."""
+    return min(_GRID_EVERY, 1 << max(0, (step // 4).bit_length() - 1))
+
+
+def on_grid(step: int) -> bool:
+    """``step`` is one whose gradient norm exploding_gradient's skip judges: a multiple of
+    :func:`grid_every` (every step below 8, every 2nd to 16, ..., every 32nd from 128)."""
+    return step % grid_every(step) == 0
+
+
+def grid_after(step: int) -> int:
+    """The first grid step after ``step``."""
+    following = step + 1
+    while True:
+        every = grid_every(following)
+        candidate = -(-following // every) * every
+        if grid_every(candidate) == every:
+            return candidate
+        following = candidate
 
 
 def _steps_to_spread(cost_s: float, budget: float, step_s: float) -> int:

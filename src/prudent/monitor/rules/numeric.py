@@ -87,6 +87,7 @@ class NonFiniteRule(Rule):
 
 
 class ExplodingGradientSettings(RuleSettings):
+    action: list[ActionName] = action_default("skip", "stop")
     warmup_steps: int = warmup_default(50)
     factor: float = Field(10.0, gt=1, description="Fire when the gradient norm exceeds this "
                           "multiple of its median over the last `window` measured steps...")
@@ -95,19 +96,30 @@ class ExplodingGradientSettings(RuleSettings):
     window: int = Field(100, ge=5, description="Measured steps in the median baseline.")
     max_norm: float | None = Field(None, gt=0, description="Also fire at once above this "
                                    "absolute gradient norm (off by default).")
+    max_skips: int = Field(4, ge=1, description="With action skip: a step whose norm is above "
+                           "`factor` x the median of the norms before it has its optimizer "
+                           "update skipped, at most this many per 128 steps; past that the "
+                           "norms that get through are judged for the stop.")
 
 
 class ExplodingGradientRule(Rule):
     """The global gradient norm rose far above its recent median and stayed there, while the
     loss stopped improving (a norm that grows while the loss reaches new lows is a model leaving
-    its small initial weights: SGD with momentum at lr 0.1 does that on a healthy run)."""
+    its small initial weights: SGD with momentum at lr 0.1 does that on a healthy run).
+
+    With action ``skip`` a single step whose norm is ``factor`` x above the median of the
+    norms before it has its update skipped before ``optimizer.step()`` (OLMo, PaLM): the
+    monitor asks :meth:`skips` on the steps whose norm it judges whatever the timing (the
+    grid steps of :func:`~prudent.monitor.stats.on_grid`, and a step whose loss jumped), and
+    the median is of the grid steps' norms alone, so which updates are skipped is the same in
+    every run of the same training and in its resume."""
 
     name = "exploding_gradient"
     needs = frozenset({"steps"})
     judges_updates = True
     Settings = ExplodingGradientSettings
     settings: ExplodingGradientSettings
-    state_fields = ("history", "above", "loss_low")
+    state_fields = ("history", "above", "loss_low", "reference", "losses", "skipped")
 
     def __init__(self, settings: ExplodingGradientSettings | None = None) -> None:
         super().__init__(settings)
@@ -116,6 +128,11 @@ class ExplodingGradientRule(Rule):
         self.loss_low: float | None = None  # the lowest mean loss of a check's window
         self._improving = False
         self._ordered: list[float] = []  # history, sorted: a median without sorting each check
+        # the skip's baseline: the last norms of grid steps, in step order (see skips)
+        self.reference: deque[float] = deque(maxlen=_REFERENCE)
+        self.losses: deque[float] = deque(maxlen=_REFERENCE)  # the same steps' losses
+        self.skipped: deque[int] = deque(maxlen=self.settings.max_skips)
+        self._sorted_reference: list[float] = []
 
     def fit(self, planned_steps: int) -> str | None:
         self.sized(planned_steps, warmup_steps=min(50, planned_steps // 20))
@@ -148,12 +165,69 @@ class ExplodingGradientRule(Rule):
         bisect.insort(self._ordered, norm)
 
     def reset(self) -> None:
+        kept = self.reference, self.losses, self.skipped
         super().reset()
         self._ordered = []
+        self.reference, self.losses, self.skipped = kept  # the skip's baseline stays
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._ordered = sorted(self.history)
+        self._sorted_reference = sorted(self.reference)
+
+    # per step, before the update ----------------------------------------------------------
+    def skips(self, step: int, norm: float, grid: bool) -> float:
+        """Before ``step``'s update: how many times its norm is above the median of the grid
+        steps' norms before it, when that is more than ``factor`` and the budget of skips
+        allows the skip (else 0). ``grid``: a grid step, whose norm then joins the median."""
+        ratio = self._ratio(step, norm)
+        if ratio and not self._take_skip(step):
+            ratio = 0.0
+        if grid and math.isfinite(norm):
+            self._refer(norm)
+        return ratio
+
+    def note_loss(self, loss: Any) -> None:
+        """A grid step's loss (a host number), for :meth:`loss_bar`."""
+        if loss.__class__ is float and math.isfinite(loss):
+            self.losses.append(loss)
+
+    def loss_bar(self) -> float:
+        """A loss above this (4x the mean of the grid steps' losses) has its step's norm
+        judged too, whatever the stride: the first step of a burst, caught before its update."""
+        losses = self.losses
+        if len(losses) < 5:
+            return math.inf
+        mean = math.fsum(losses) / len(losses)
+        return _LOSS_JUMP * mean if mean > 0 else math.inf
+
+    def _ratio(self, step: int, norm: float) -> float:
+        ordered = self._sorted_reference
+        if len(ordered) < 5 or not math.isfinite(norm) or not self.active_at(step):
+            return 0.0
+        median = _median(ordered)
+        return norm / median if median > 0 and norm > self.settings.factor * median else 0.0
+
+    def _take_skip(self, step: int) -> bool:
+        skipped = self.skipped
+        if len(skipped) == skipped.maxlen and step - skipped[0] < _SKIP_SPAN:
+            return False  # the budget is spent: the norms that get through are judged
+        skipped.append(step)
+        return True
+
+    def _refer(self, norm: float) -> None:
+        reference = self.reference
+        if len(reference) == reference.maxlen:
+            del self._sorted_reference[bisect.bisect_left(self._sorted_reference, reference[0])]
+        reference.append(norm)
+        bisect.insort(self._sorted_reference, norm)
+
+    def describe_skip(self, step: int, norm: float, ratio: float) -> str:
+        recent = sum(1 for s in self.skipped if step - s < _SKIP_SPAN)
+        return (f"gradient norm {fmt(norm)} at step {step} is {ratio:.3g}x its median "
+                f"{fmt(norm / ratio)} over the last {len(self.reference)} judged steps "
+                f"(threshold {self.settings.factor:g}x): its optimizer update was skipped "
+                f"({recent} of at most {self.settings.max_skips} in {_SKIP_SPAN} steps)")
 
     def _judge(self, step: int, norm: float, baseline: float | None) -> Finding | None:
         s = self.settings
@@ -172,6 +246,11 @@ class ExplodingGradientRule(Rule):
             f"gradient norm {fmt(norm)} at step {step} is {norm / baseline:.3g}x its median "
             f"{fmt(baseline)} over the last {len(self.history)} measured steps, "
             f"{self.above} measured steps in a row (threshold {s.factor:g}x)"))
+
+
+_REFERENCE = 25  # grid steps' norms in the skip's median (every 32 steps: the last ~800)
+_SKIP_SPAN = 128  # steps over which max_skips counts (loss_spike's window)
+_LOSS_JUMP = 4.0  # a loss this many times the grid steps' mean has its norm judged
 
 
 def _median(ordered: list[float]) -> float:

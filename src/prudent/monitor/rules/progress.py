@@ -267,8 +267,16 @@ class DivergenceRule(Rule):
 
     def rolled_back(self) -> None:
         """A rollback put the weights back to before a spike: the window's losses were
-        theirs (the start and the best stay)."""
+        theirs (the start and the best stay; see ``restored_to``)."""
         self.recent.clear()
+
+    def restored_to(self, step: int) -> None:
+        """The rollback's weights are step ``step``'s: from before the best (the only
+        checkpoint an early burst finds may be step 1's), their loss would read as a climb
+        from a best they never reached. The start and the best are found again."""
+        if step < self.best_step:
+            self.best = self.start = None
+            self.best_step, self.best_noise, self.lr_at_best = 0, 0.0, None
 
     def _rising(self, step: int) -> Finding | None:
         """The faster confirmation: the newer half of the window is above the threshold and
