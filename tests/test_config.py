@@ -34,12 +34,14 @@ def test_environment_beats_file_and_flags_beat_environment(tmp_path: Path) -> No
 
 
 def test_unknown_section_lists_allowed_sections(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"unknown section 'stor'; allowed: store, console, run"):
+    with pytest.raises(ConfigError, match=r"unknown section 'stor' \(did you mean 'store'\?\); "
+                                          r"allowed: store, console, run"):
         load_settings(write(tmp_path, "stor: {home: x}\n"), environ={})
 
 
 def test_unknown_key_names_key_and_allowed_keys(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"unknown key 'store.hom'; allowed: home, url, flush_interval_s"):
+    with pytest.raises(ConfigError, match=r"unknown key 'store.hom' \(did you mean "
+                                          r"'store.home'\?\); allowed: home, url, flush_interval_s"):
         load_settings(write(tmp_path, "store: {hom: x}\n"), environ={})
 
 

@@ -19,6 +19,7 @@ The user's hyperparameters are not here: they are ``run.config`` (see :mod:`prud
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import reprlib
@@ -144,9 +145,11 @@ def _describe_one(err: Mapping[str, Any], source: str) -> str:
     loc = [str(part) for part in err["loc"]]
     key = ".".join(loc)
     if err["type"] == "extra_forbidden":
-        allowed = ", ".join(_allowed_keys(loc[:-1]))
+        names = _allowed_keys(loc[:-1])
         what = "section" if len(loc) == 1 else "key"
-        return f"{source}: unknown {what} {key!r}; allowed: {allowed}"
+        close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.6)
+        hint = f" (did you mean {'.'.join([*loc[:-1], close[0]])!r}?)" if close else ""
+        return f"{source}: unknown {what} {key!r}{hint}; allowed: {', '.join(names)}"
     value = err.get("input")
     reason = str(err["msg"]).removeprefix("Value error, ")
     return f"{source}: {key}={value!r} is invalid: {reason}"

@@ -10,6 +10,7 @@ that the script never reads is named too (:mod:`prudent.unread_config`).
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping
@@ -71,8 +72,11 @@ def _locate(config: dict[str, Any], key: str) -> tuple[dict[str, Any], str]:
         if not isinstance(node, dict) or part not in node:
             known = ", ".join(sorted(_flat_keys(config))) or "(the config is empty)"
             where = ".".join(parts[:depth]) or "config"
+            close = difflib.get_close_matches(part, list(node) if isinstance(node, dict) else [],
+                                              n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(
-                f"--set {key}: unknown key {part!r} in {where}; known keys: {known}. "
+                f"--set {key}: unknown key {part!r} in {where}{hint}; known keys: {known}. "
                 "Fix the spelling, or add the key to the config passed to prudent.init"
             )
         if depth == len(parts) - 1:

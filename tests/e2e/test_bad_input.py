@@ -11,7 +11,8 @@ from tests.e2e.conftest import Project, script
 
 @pytest.mark.parametrize(("yaml_text", "args", "expected"), [
     ("store: {flush_intervall_s: 1}\n", [],
-     "prudent.yaml: unknown key 'store.flush_intervall_s'; allowed: home, url, flush_interval_s"),
+     "prudent.yaml: unknown key 'store.flush_intervall_s' (did you mean "
+     "'store.flush_interval_s'?); allowed: home, url, flush_interval_s"),
     ("console: {interval_s: often}\n", [],
      "prudent.yaml: console.interval_s='often' is invalid: Input should be a valid number"),
     ("", ["--set", "lr"], "--set 'lr' has no key=value: write it as --set lr=0.001"),

@@ -287,7 +287,8 @@ def test_bad_monitor_settings_stop_prudent_run_before_training(project: Project)
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("prudent: error: ")
     for expected in (
-            "prudent.yaml: unknown key 'monitor.rules.explodng_gradient'; allowed: non_finite, ",
+            ("prudent.yaml: unknown key 'monitor.rules.explodng_gradient' (did you mean "
+             "'monitor.rules.exploding_gradient'?); allowed: non_finite, "),
             ("prudent.yaml: monitor.rules.loss_not_decreasing.window=-10 is invalid: Input "
              "should be greater than or equal to 1"),
             ("prudent.yaml: monitor.rules.divergence.min_rise='lots' is invalid: Input should be "

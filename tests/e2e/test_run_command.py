@@ -47,7 +47,8 @@ def test_unknown_set_key_stops_before_training_and_leaves_no_run(project: Projec
                              sys.executable, script("design_api.py"))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "prudent: error: --set lrr: unknown key 'lrr' in config; known keys: epochs, lr. "
+        "prudent: error: --set lrr: unknown key 'lrr' in config (did you mean 'lr'?); known "
+        "keys: epochs, lr. "
         "Fix the spelling, or add the key to the config passed to prudent.init"]
     listed = project.prudent("runs", "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout) == []  # nothing ran

@@ -53,8 +53,9 @@ def test_yaml_tunes_disables_and_chains_actions(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("monitor: {rules: {explodng_gradient: {factor: 5}}}",
-     ("prudent.yaml: unknown key 'monitor.rules.explodng_gradient'; allowed: non_finite, "
-      "loss_spike, exploding_gradient, vanishing_gradient")),
+     ("prudent.yaml: unknown key 'monitor.rules.explodng_gradient' (did you mean "
+      "'monitor.rules.exploding_gradient'?); allowed: non_finite, loss_spike, "
+      "exploding_gradient, vanishing_gradient")),
     ("monitor: {rules: {divergence: {window: -5}}}",
      ("prudent.yaml: monitor.rules.divergence.window=-5 is invalid: Input should be greater "
       "than or equal to 4")),

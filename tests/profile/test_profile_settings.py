@@ -53,6 +53,6 @@ def test_thresholds_come_from_prudent_yaml_and_unknown_ones_are_refused(tmp_path
     profile = load_settings(path, environ={}).profile
     assert profile.thresholds.input_bound_pct == 30 and profile.window == StepWindow(10, 20)
     path.write_text("profile: {thresholds: {input_bound: 30}}\n")
-    with pytest.raises(ConfigError, match=r"unknown key 'profile.thresholds.input_bound'; "
-                       r"allowed: min_steps, input_bound_pct"):
+    with pytest.raises(ConfigError, match=r"unknown key 'profile.thresholds.input_bound' \(did you mean "
+                       r"'profile.thresholds.input_bound_pct'\?\); allowed: min_steps, input_bound_pct"):
         load_settings(path, environ={})
