@@ -394,9 +394,7 @@ class Store:
         with self.engine.connect() as conn:
             if self._version(conn) != SCHEMA_VERSION:
                 return False
-            inspector = sa.inspect(conn)
-            return inspector.has_table("metric_rollup") and {c["name"] for c in inspector.get_columns(
-                "metric_rollup")} == set(metric_rollup.c.keys())
+            return _rollup_current(sa.inspect(conn))
 
     @contextlib.contextmanager
     def waiting_at_most(self, seconds: float | None) -> Iterator[None]:
@@ -640,11 +638,17 @@ def _ensure_rollup(conn: sa.Connection) -> None:
     only what can be summed again from ``metrics``: one of another shape is dropped and made
     anew, and the runs it covered are read raw."""
     inspector = sa.inspect(conn)
+    if _rollup_current(inspector):
+        return
     if inspector.has_table("metric_rollup"):
-        if {c["name"] for c in inspector.get_columns("metric_rollup")} == set(metric_rollup.c.keys()):
-            return
         metric_rollup.drop(conn)
     metric_rollup.create(conn)
+
+
+def _rollup_current(inspector: Any) -> bool:
+    """The rollup table is there, of today's shape."""
+    return inspector.has_table("metric_rollup") and {
+        c["name"] for c in inspector.get_columns("metric_rollup")} == set(metric_rollup.c.keys())
 
 
 _METRIC_COLUMNS = ("run_id", "step", "name", "value", "wall")
