@@ -143,7 +143,7 @@ def _time_handlers(callback: Any, clock: Any) -> None:
     """--breakdown: every component handler of the prudent run's per-step events timed call by
     call (``RunContext.wrap_handlers``), summed per step: who the hooks' time belongs to. The
     wrappers cost about a microsecond each, so the prudent arm is a little slower with it."""
-    from prudent.events import Event
+    from prudent.kernel.events import Event
 
     ctx = callback.adapter.ctx
     current: dict[str, float] = {}

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import prudent
-from prudent.events import Event
+from prudent.kernel.events import Event
 
 clock = time.perf_counter
 PER_STEP_EVENTS = (Event.BATCH_LOADED, Event.AFTER_BACKWARD, Event.STEP_END)

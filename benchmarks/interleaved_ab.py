@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 
 import prudent
-from prudent.events import Event
+from prudent.kernel.events import Event
 from prudent.monitor import Monitor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

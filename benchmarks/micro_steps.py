@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import prudent
-from prudent.events import Event
+from prudent.kernel.events import Event
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from overhead import prudent_environment  # noqa: E402 - the benchmarks' own helper

@@ -54,7 +54,7 @@ from rich.table import Table
 
 import prudent
 from prudent.monitor.rules import BUILTIN_RULES  # registers them (the package exports lazily)
-from prudent.store import Store
+from prudent.store.database import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "tests" / "e2e" / "scripts"
@@ -464,8 +464,8 @@ def _digits_sized() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 def _training_loop_us(steps: int, monitor_on: bool) -> tuple[float, int]:
     from torch.utils.data import DataLoader, TensorDataset
 
-    from prudent.config import load_settings
     from prudent.monitor import Monitor
+    from prudent.wiring.config import load_settings
 
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(3200, 64, generator=generator),
@@ -493,8 +493,8 @@ def _training_loop_us(steps: int, monitor_on: bool) -> tuple[float, int]:
 
 def _handlers_us(steps: int, stride: int) -> float:
     """CPU time of the Monitor's handlers per step, called as the run calls them."""
-    from prudent.config import load_settings
     from prudent.monitor import Monitor, MonitorSettings
+    from prudent.wiring.config import load_settings
 
     model, opt = _digits_sized()
     x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))

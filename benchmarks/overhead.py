@@ -60,7 +60,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import prudent
-from prudent.config import load_settings
+from prudent.wiring.config import load_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from handler_cost import component_costs_us, context_of, cost_rows, cost_verdicts  # noqa: E402

@@ -37,11 +37,11 @@ from rich.console import Console
 from rich.table import Table
 
 import prudent
-from prudent.components import default_components
-from prudent.context import RunContext
-from prudent.events import Component, Event
+from prudent.kernel.context import RunContext
+from prudent.kernel.events import Component, Event
 from prudent.profile import Profiler, ProfileSettings
 from prudent.testing import make_settings
+from prudent.wiring.components import default_components
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "profile_accuracy.json"
 TOLERANCE = 0.05

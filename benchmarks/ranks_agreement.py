@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prudent.events import Component
+from prudent.kernel.events import Component
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from torchrun_job import RESULT_ENV, run_as_job  # noqa: E402
@@ -78,7 +78,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     import prudent
-    from prudent.distributed import AgreementPoster, StopCoordinator
+    from prudent.distributed.torchrun import AgreementPoster, StopCoordinator
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -160,7 +160,7 @@ def summary(times: dict[str, list[float]], args: argparse.Namespace) -> dict[str
 
 
 def run_settings_agree_every_s() -> float:
-    from prudent.config import load_settings
+    from prudent.wiring.config import load_settings
 
     return load_settings().run.ranks_agree_every_s
 

@@ -32,7 +32,7 @@ import prudent
 from prudent.checkpoint.manager import Checkpointer
 from prudent.cost import CostMeter
 from prudent.record import RecordSync
-from prudent.recorder import MetricsRecorder
+from prudent.store.recorder import MetricsRecorder
 from prudent.testing import make_settings, tiny_model
 
 METRICS_PER_STEP = 4

@@ -46,7 +46,7 @@ from rich.table import Table
 from prudent.report.pages import run_page
 from prudent.report.reader import ReadOnlyStore
 from prudent.report.render import bundle_for, page_html, to_json
-from prudent.store import Store, metrics
+from prudent.store.database import Store, metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 SPIKE = 40.0

@@ -11,8 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from prudent.config import ProjectSettings
 from prudent.testing import make_settings
+from prudent.wiring.config import ProjectSettings
 from tests.postgres import pg_url, postgres  # noqa: F401 - fixtures for every test folder
 
 # Threads and processes meant to live as long as the test session: fsspec's shared IO loop,

@@ -10,18 +10,25 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "prudent"
 
-# The kernel: what a Run needs to exist. Everything else is a plug-in or a command.
-KERNEL = {
-    "prudent", "prudent.context", "prudent.data", "prudent.errors", "prudent.events",
-    "prudent.lazy", "prudent.loop_times", "prudent.rng", "prudent.run", "prudent.signals",
-    "prudent.state", "prudent.step_values", "prudent.stop", "prudent.store", "prudent.store_writer",
-    "prudent.units",
-}
+# The kernel: what a Run needs to exist, and the store it writes to. Everything else is a
+# plug-in, an adapter or a command. The folders say which is which.
+KERNEL_PACKAGES = ("prudent.kernel", "prudent.store")
+
+
+def _kernel_modules() -> set[str]:
+    found = {"prudent"}
+    for package in KERNEL_PACKAGES:
+        folder = SRC.parent.joinpath(*package.split("."))
+        found.update(_module_name(path) for path in folder.rglob("*.py"))
+    return found
 
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(SRC.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+KERNEL = _kernel_modules()
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -136,7 +143,7 @@ def test_no_import_cycle_inside_prudent() -> None:
 
 
 def test_the_kernel_imports_no_plug_in() -> None:
-    code = ("import prudent.run, prudent.context, sys; "
+    code = ("import prudent.kernel.run, prudent.kernel.context, sys; "
             "print('\\n'.join(sorted(m for m in sys.modules if m.startswith('prudent'))))")
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout.split()
@@ -166,8 +173,32 @@ def test_no_module_touches_a_private_member_of_the_run() -> None:
 def test_the_settings_reach_only_each_plug_ins_settings_module() -> None:
     """``config.py`` assembles prudent.yaml from the plug-ins' own settings models: it imports
     those, the kernel and the launch spec, never a component."""
-    allowed = KERNEL | {"prudent.launch"}
-    imported = import_graph(in_functions=True)["prudent.config"]
+    allowed = KERNEL | {"prudent.launch", "prudent.launch.spec", "prudent.wiring"}
+    imported = import_graph(in_functions=True)["prudent.wiring.config"]
     plug_in_packages = {m for m in imported if not m.endswith(".settings")} - allowed
     packages_of_settings = {m.rsplit(".", 1)[0] for m in imported if m.endswith(".settings")}
     assert plug_in_packages - packages_of_settings == set()
+
+
+def test_the_package_root_holds_only_the_front_door() -> None:
+    """A contributor's first look is the architecture: the kernel, the store, the wiring, the
+    launcher, the plug-ins, the adapters and the views each have their folder. At the root:
+    the public API, the command line, the testing helpers, and the adapters' public import
+    paths (each the same module object as its ``prudent.adapters`` or ``prudent.distributed``
+    home)."""
+    loose = sorted(p.name for p in SRC.glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "cli.py", "fault_tolerant.py", "keras.py",
+                     "lightning.py", "testing.py", "transformers.py"]
+    for alias, home in [("lightning", "adapters.lightning"), ("keras", "adapters.keras"),
+                        ("transformers", "adapters.transformers"),
+                        ("fault_tolerant", "distributed.fault_tolerant")]:
+        assert f"prudent.{home}" in (SRC / f"{alias}.py").read_text()
+        assert _all_of(SRC / f"{alias}.py") == _all_of(SRC.joinpath(*home.split(".")).with_suffix(
+            ".py")), f"prudent.{alias} must export what prudent.{home} does"
+
+
+def _all_of(path: Path) -> list[str]:
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "__all__":
+            return list(ast.literal_eval(node.value))
+    raise AssertionError(f"{path} has no __all__")

@@ -138,7 +138,7 @@ def test_show_and_runs_print_messages_with_brackets_as_text(tmp_path):
     import json
     import time
 
-    from prudent.store import Store
+    from prudent.store.database import Store
 
     (tmp_path / ".prudent").mkdir()
     store = Store(f"sqlite:///{tmp_path / '.prudent' / 'prudent.db'}")

@@ -26,7 +26,7 @@ import yaml
 from pydantic import BaseModel
 
 from prudent.cli import app
-from prudent.config import ProjectSettings, load_settings
+from prudent.wiring.config import ProjectSettings, load_settings
 
 ROOT = Path(__file__).parents[1]
 DOCS = ROOT / "docs"

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import prudent
-from prudent.config import ProjectSettings
-from prudent.events import Component
+from prudent.kernel.events import Component
 from prudent.testing import StopAtStep, make_settings
+from prudent.wiring.config import ProjectSettings
 
 
 class BackwardLog(Component):

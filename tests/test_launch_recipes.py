@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 import yaml
 
-from prudent import launch
-from prudent.launch import ENV_SETTINGS
-from prudent.stop import ExitCode
+from prudent.kernel.stop import ExitCode
+from prudent.launch import spec as launch
+from prudent.launch.spec import ENV_SETTINGS
 
 ROOT = Path(__file__).parents[1]
 LAUNCH = ROOT / "examples" / "launch"

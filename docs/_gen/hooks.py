@@ -6,7 +6,7 @@
 - A link to a heading of the README (``../README.md#a-run-survives-its-machine``: the README
   was the manual once) goes to the page that holds that heading now.
 - The docstrings on the Python API page name things with Sphinx's roles (``:func:`init```,
-  ``:class:`~prudent.stop.StopReason```); the page shows the name alone, as code.
+  ``:class:`~prudent.kernel.stop.StopReason```); the page shows the name alone, as code.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The reference pages, generated from the code: every prudent.yaml setting from the pydantic
-settings models (``prudent.config.ProjectSettings``, one section per component) and every
+settings models (``prudent.wiring.config.ProjectSettings``, one section per component) and every
 command of the CLI with its options (typer's click command).
 
 Used by ``gen_reference.py`` at ``mkdocs build`` and by ``tests/test_docs.py``, which checks
@@ -20,8 +20,8 @@ import yaml
 from pydantic import BaseModel, SecretStr
 
 from prudent.cli import app
-from prudent.config import ProjectSettings
-from prudent.launch import ENV_SETTINGS
+from prudent.launch.spec import ENV_SETTINGS
+from prudent.wiring.config import ProjectSettings
 
 
 @dataclass(frozen=True)

@@ -30,24 +30,24 @@ __version__ = "0.1.0"
 
 from typing import TYPE_CHECKING, Any
 
-from prudent.errors import ConfigError, ExitCode, PrudentError, StopRun
-from prudent.events import Component, Event
+from prudent.kernel.errors import ConfigError, ExitCode, PrudentError, StopRun
+from prudent.kernel.events import Component, Event
 
 if TYPE_CHECKING:
-    from prudent.run import Run
-    from prudent.session import init
+    from prudent.kernel.run import Run
     from prudent.tune.api import tune
+    from prudent.wiring.session import init
 
 
 def __getattr__(name: str) -> Any:
     """``Run``, ``init`` and ``tune`` are imported on first use: importing the kernel
-    (``prudent.run``) must not pull in every plug-in through this package."""
+    (``prudent.kernel.run``) must not pull in every plug-in through this package."""
     if name == "Run":
-        from prudent.run import Run
+        from prudent.kernel.run import Run
 
         return Run
     if name == "init":
-        from prudent.session import init
+        from prudent.wiring.session import init
 
         return init
     if name == "tune":

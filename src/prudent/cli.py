@@ -15,17 +15,17 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from prudent.config import load_settings
 from prudent.cost import commands as cost_commands
 from prudent.debug.command import replay as replay_command
-from prudent.errors import ConfigError, ExitCode, PrudentError
-from prudent.hparams import parse_set_args
-from prudent.launch import LaunchSpec, setting_var
+from prudent.kernel.errors import ConfigError, ExitCode, PrudentError
+from prudent.launch.spec import LaunchSpec, setting_var
 from prudent.preflight.command import preflight as preflight_command
 from prudent.report import commands as report_commands
-from prudent.store import Store, resolve_run
-from prudent.store_repair import store_app
+from prudent.store.database import Store, resolve_run
+from prudent.store.repair import store_app
 from prudent.tune import commands as tune_commands
+from prudent.wiring.config import load_settings
+from prudent.wiring.hparams import parse_set_args
 
 
 class _PlainArgument(TyperArgument):
@@ -152,9 +152,9 @@ def run(
 
     Example: prudent run --run-id baseline -- python train.py
     """
+    from prudent.launch.supervisor import Supervisor
+    from prudent.launch.training_command import refuse_option_as_program
     from prudent.profile import parse_step_window
-    from prudent.supervisor import Supervisor
-    from prudent.training_command import refuse_option_as_program
 
     refuse_option_as_program(context, command)
     overrides = parse_set_args(set_ or [])

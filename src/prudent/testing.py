@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from prudent.config import ProjectSettings
-from prudent.events import Component
+from prudent.kernel.events import Component
+from prudent.wiring.config import ProjectSettings
 
 __all__ = ["FakeClock", "StopAtStep", "local_http_server", "make_settings", "tiny_loader",
            "tiny_model"]

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.files import FrameworkCheckpoint
 from prudent.adapters.loader import ResumableLoader
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import StopAtStep, make_settings
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from prudent.checkpoint.storage import LocalStorage
 from prudent.checkpoint.writer import load_latest
-from prudent.events import Component
+from prudent.kernel.events import Component
 from prudent.testing import StopAtStep, make_settings
 
 if importlib.util.find_spec("keras") is None:

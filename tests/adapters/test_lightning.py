@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from prudent.events import Component
+from prudent.kernel.events import Component
 from prudent.testing import make_settings, tiny_loader, tiny_model
 
 L = pytest.importorskip("lightning")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from prudent.events import Component
+from prudent.kernel.events import Component
 
 pytest.importorskip("accelerate")
 transformers = pytest.importorskip("transformers")

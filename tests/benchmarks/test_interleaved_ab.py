@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import prudent
-from prudent.events import Event
+from prudent.kernel.events import Event
 from prudent.monitor import Monitor
 
 ab = pytest.importorskip("benchmarks.interleaved_ab")

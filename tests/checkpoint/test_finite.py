@@ -14,7 +14,7 @@ from prudent.checkpoint.finite import first_non_finite
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.checkpoint.storage import LocalStorage
 from prudent.checkpoint.writer import CheckpointWriter, load_latest
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import make_settings, tiny_loader, tiny_model
 
 

@@ -15,9 +15,9 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 import prudent
 from prudent.checkpoint.storage import LocalStorage
 from prudent.checkpoint.writer import CheckpointWriter
-from prudent.config import ProjectSettings
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import StopAtStep, make_settings, tiny_loader, tiny_model
+from prudent.wiring.config import ProjectSettings
 
 
 @pytest.fixture(autouse=True)

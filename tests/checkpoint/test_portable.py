@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from prudent.checkpoint.portable import canonical_name, needs_translation, restore_whole_module
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 
 def model(seed: int) -> nn.Module:

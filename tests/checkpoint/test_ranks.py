@@ -11,9 +11,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from prudent.checkpoint.ranks import check_world_change, rank_state, restore_rank_state, world_of
-from prudent.context import RunContext
-from prudent.data import continue_epoch_at, shards_by_rank
-from prudent.distributed import Ranks
+from prudent.distributed.torchrun import Ranks
+from prudent.kernel.context import RunContext
+from prudent.kernel.data import continue_epoch_at, shards_by_rank
 
 
 def context(tmp_path: Path) -> RunContext:

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import prudent
-from prudent.config import ProjectSettings
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import StopAtStep, make_settings
+from prudent.wiring.config import ProjectSettings
 
 
 class Stream(IterableDataset):  # type: ignore[type-arg]

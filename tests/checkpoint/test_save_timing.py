@@ -12,8 +12,8 @@ import torch
 import prudent
 from prudent.checkpoint.manager import Checkpointer
 from prudent.checkpoint.schedule import SaveSchedule
-from prudent.events import Event
-from prudent.store import Store
+from prudent.kernel.events import Event
+from prudent.store.database import Store
 from prudent.testing import FakeClock, make_settings
 
 

@@ -22,7 +22,7 @@ from prudent.checkpoint.sharded import (
     sharded_objects,
 )
 from prudent.checkpoint.storage import CheckpointStorage, LocalStorage
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from tests.fsdp2 import one_rank_mesh, sharded_mlp
 
 

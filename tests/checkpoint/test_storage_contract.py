@@ -96,7 +96,7 @@ def test_a_bucket_that_does_not_exist_stops_the_run_before_it_trains(
     # a typo in the bucket: before, the run trained to the end with every save failed (exit 0,
     # no checkpoint), and a new machine started it again from step 0
     import prudent
-    from prudent.errors import ConfigError
+    from prudent.kernel.errors import ConfigError
     from prudent.testing import make_settings
 
     for var, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",

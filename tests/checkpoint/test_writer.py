@@ -9,7 +9,7 @@ import torch
 
 from prudent.checkpoint.storage import LocalStorage, open_storage
 from prudent.checkpoint.writer import CheckpointWriter, load_latest
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 
 def payload(value: float, size: int = 10) -> dict[str, object]:

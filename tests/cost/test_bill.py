@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from prudent.cost.bill import bill, since_timestamp
-from prudent.errors import ConfigError
-from prudent.store import Store
+from prudent.kernel.errors import ConfigError
+from prudent.store.database import Store
 
 T0 = 1_796_000_000.0
 PRICE = {"instance": "aws:g5.xlarge", "spot": False, "nodes": 1, "gpus": 1, "hourly_usd": 3600.0,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from prudent.cost.catalog import COLUMNS, load_catalog, matches, parse_rows, write_rows
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 
 def _bundled_text() -> str:

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from prudent.cli import app
 from prudent.cost.catalog import load_catalog
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 FIXTURES = Path(__file__).parent / "skypilot"
 
@@ -107,7 +107,7 @@ def test_policy_check_warns_once_about_a_stale_price(home: Path) -> None:
 
 def test_the_bill_names_the_stale_prices_its_runs_were_priced_at(home: Path) -> None:
     from prudent.cost.commands import stale_prices
-    from prudent.store import Store
+    from prudent.store.database import Store
 
     store = Store(f"sqlite:///{home.parent / 'bill.db'}")
     day = 1_796_342_400.0  # 2026-12-04 UTC

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from prudent.errors import ConfigError
-from prudent.units import parse_hours, parse_usd
+from prudent.kernel.errors import ConfigError
+from prudent.kernel.units import parse_hours, parse_usd
 
 
 @pytest.mark.parametrize(("text", "usd"), [("$40", 40.0), ("40", 40.0), (12.5, 12.5),

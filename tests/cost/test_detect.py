@@ -12,7 +12,7 @@ import prudent
 from prudent.cost import CostMeter, CostSettings, load_catalog
 from prudent.cost.detect import with_detected
 from prudent.preemption import PreemptionSettings
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import FakeClock, local_http_server, make_settings
 
 ANSWERS = {

@@ -10,7 +10,7 @@ import pytest
 
 import prudent
 from prudent.cost import CostMeter
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import FakeClock, make_settings
 
 PRICEY = "cloud,instance,region,gpu,num_gpus,vcpus,memory_gib,on_demand_usd,spot_usd,prices_as_of\n" \
@@ -168,7 +168,7 @@ def test_the_training_thread_pays_one_clock_read_per_step(home: Path, catalog_fi
 
 
 def test_every_run_gets_a_meter_by_default(home: Path) -> None:
-    from prudent.components import default_components
+    from prudent.wiring.components import default_components
 
     meters = [c for c in default_components(make_settings(home)) if isinstance(c, CostMeter)]
     assert len(meters) == 1 and meters[0].settings.instance is None

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from prudent.config import load_settings
 from prudent.cost.catalog import load_catalog
 from prudent.cost.policy import Job, Spend, check_job, job_from_settings, load_policy, project_spend
 from prudent.cost.settings import CostSettings, PolicySettings
-from prudent.errors import ConfigError
-from prudent.store import Store
+from prudent.kernel.errors import ConfigError
+from prudent.store.database import Store
+from prudent.wiring.config import load_settings
 
 CATALOG = load_catalog(CostSettings(skypilot_catalogs=False))  # the bundled prices only
 G5 = CATALOG.lookup("aws:g5.xlarge")  # 1 x A10G, $1.006/h, spot $0.4328/h

@@ -14,7 +14,7 @@ from prudent.cost.catalog import load_catalog
 from prudent.cost.policy import Job, check_job
 from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.cost.shape import TorchrunShape, torchrun_shape, with_torchrun
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import FakeClock, make_settings
 
 CATALOG = load_catalog(CostSettings(skypilot_catalogs=False))  # the bundled prices only

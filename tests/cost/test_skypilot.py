@@ -15,7 +15,7 @@ from prudent.cost.catalog import from_skypilot as read_skypilot
 from prudent.cost.catalog import load_catalog
 from prudent.cost.settings import CostSettings
 from prudent.cost.skypilot import local_catalogs
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 FIXTURES = Path(__file__).parent / "skypilot"
 AWS_V9 = FIXTURES / "v9" / "aws" / "vms.csv"  # an extra column (Arch), 3 zones, a zone without spot

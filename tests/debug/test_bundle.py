@@ -10,7 +10,7 @@ import torch
 
 from prudent.debug.bundle import read_bundle, write_bundle
 from prudent.debug.settings import DebugSettings, parse_bytes
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 
 def _write(folder: Path, max_bytes: int = 10**9) -> str:

@@ -9,7 +9,6 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import prudent
-from prudent.config import ProjectSettings, load_settings
 from prudent.debug.bundle import read_bundle
 from prudent.debug.capture import FailureCapture
 from prudent.debug.mode import DebugMode, capture_on_every_rule
@@ -17,6 +16,7 @@ from prudent.debug.probe import ForwardProbe, SampleIndexRecorder, non_finite_ro
 from prudent.debug.replay import _restore
 from prudent.debug.settings import DebugSettings
 from prudent.testing import tiny_loader, tiny_model
+from prudent.wiring.config import ProjectSettings, load_settings
 
 
 def _run(settings: ProjectSettings, *components: object) -> prudent.Run:
@@ -269,7 +269,8 @@ def test_a_finite_loss_costs_capture_no_call_and_a_nan_is_still_caught_before_th
             handler(ctx, loss)  # type: ignore[operator]
         return call if getattr(handler, "__self__", None) is capture else handler
 
-    run.context.wrap_handlers(counted, [prudent.events.Event.AFTER_BACKWARD])  # type: ignore[arg-type]
+    run.context.wrap_handlers(counted,  # type: ignore[arg-type]
+                              [prudent.kernel.events.Event.AFTER_BACKWARD])
     _steps_with_nan_at(run, nan_at=15, steps=20)
     # the kernel's loss watch compared steps 1-14 alone; from 15 on the weights are NaN
     assert calls == list(range(15, 21))

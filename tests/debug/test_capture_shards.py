@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 
 import prudent
-from prudent.config import ProjectSettings
 from prudent.debug.bundle import read_bundle
 from prudent.debug.capture import FailureCapture
 from prudent.debug.settings import DebugSettings
+from prudent.wiring.config import ProjectSettings
 from tests.fsdp2 import one_rank_mesh, sharded_mlp
 
 

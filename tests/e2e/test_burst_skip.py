@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import SCRIPTS, Project
 
 pytestmark = pytest.mark.slow

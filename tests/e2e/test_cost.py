@@ -138,8 +138,8 @@ def test_the_policy_counts_the_gpus_a_torchrun_command_will_use(project: Project
     assert eight.returncode == 6, eight.stderr
     assert "[max_gpus_per_job] 8 GPUs" in eight.stderr
 
-    from prudent.config import load_settings
     from prudent.cost.launch import check_launch
+    from prudent.wiring.config import load_settings
 
     settings = load_settings(overrides={("cost", "instance"): "aws:p4d.24xlarge",
                                         ("cost", "policy_file"): str(project.path / "policy.yaml")})

@@ -43,7 +43,7 @@ import psutil
 import pytest
 import yaml
 
-from prudent.stop import ExitCode
+from prudent.kernel.stop import ExitCode
 from tests.e2e.conftest import Project, script
 from tests.e2e.test_resume import attempts
 from tests.e2e.test_two_nodes import free_port

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import SCRIPTS, Project
 
 HANG = {"monitor": {"rules": {"stalled": {"timeout_s": 3, "grace_s": 2}}}}

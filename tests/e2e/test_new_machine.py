@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import Project, s3_bucket, script
 from tests.e2e.test_resume import assert_identical, final_state
 
@@ -79,7 +79,7 @@ def _loss_rows(store: Store) -> list[tuple[int, float, float]]:
     """(step, value, wall) of each loss row, in the order stored."""
     import sqlalchemy as sa
 
-    from prudent.store import metrics
+    from prudent.store.database import metrics
 
     stmt = (sa.select(metrics.c.step, metrics.c.value, metrics.c.wall)
             .where(metrics.c.run_id == "spot1", metrics.c.name == "loss").order_by(metrics.c.id))

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import Project, script
 
 

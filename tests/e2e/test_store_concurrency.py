@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import Project, script
 
 

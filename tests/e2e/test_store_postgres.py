@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import Project, script
 from tests.postgres import PostgresServer
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import ROOT, Project
 
 pytest.importorskip("torchft", reason="pip install 'prudent[ft]'")
@@ -216,7 +216,7 @@ def _walls(machine: Machine, metric: str) -> list[tuple[int, float]]:
     """Each step's end time (time.time()) as the run recorded it."""
     import sqlalchemy as sa
 
-    from prudent.store import metrics
+    from prudent.store.database import metrics
 
     with machine.store.engine.connect() as conn:
         rows = conn.execute(sa.select(metrics.c.step, metrics.c.wall).where(

@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import Project, s3_bucket, script
 
 pytestmark = pytest.mark.timeout(600)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import Project, script
 from tests.e2e.test_resume import assert_identical, final_state
 from tests.postgres import PostgresServer

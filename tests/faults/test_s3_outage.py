@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.e2e.conftest import Project, s3_bucket, script
 from tests.e2e.test_resume import assert_identical, final_state
 from tests.ui.conftest import free_port

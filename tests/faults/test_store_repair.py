@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import prudent
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import make_settings, tiny_loader, tiny_model
 
 PAGE = 4096

@@ -18,7 +18,7 @@ from prudent.monitor.actions import (
 )
 from prudent.monitor.base import Finding
 from prudent.monitor.settings import ActionSettings, ReduceLRSettings
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import make_settings, tiny_model
 
 FINDING = Finding(40, 9.0, 3.0, "loss diverged at step 40")
@@ -94,7 +94,7 @@ def test_reduce_lr_without_an_optimizer_says_what_to_attach(home: Path) -> None:
 def test_reduce_lr_reaches_an_optimizer_an_adapter_shows_but_never_attaches(home: Path) -> None:
     """Lightning's and Hugging Face's optimizers reach the components through an ATTACH event
     (the adapter's watch), not run.attach (the framework saves them): reduce_lr did nothing."""
-    from prudent.events import Event
+    from prudent.kernel.events import Event
     from prudent.monitor import Monitor
 
     opt = torch.optim.SGD(tiny_model().parameters(), lr=0.1)

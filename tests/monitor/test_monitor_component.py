@@ -21,7 +21,7 @@ from prudent.monitor import (
     rule,
     unregister_rule,
 )
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import make_settings, tiny_loader, tiny_model
 
 
@@ -103,7 +103,7 @@ def test_the_monitor_sleeps_through_steps_the_loss_watch_sees_and_still_stops_a_
             called.append(ctx.state.step)
             handler(ctx, *args)
         return count
-    run.context.wrap_handlers(counted, [prudent.events.Event.STEP_END])
+    run.context.wrap_handlers(counted, [prudent.kernel.events.Event.STEP_END])
     train(run, epochs=10, poison_at=237, run_backward=run_backward)
     assert (run.stop_reason, run.state.step) == ("rule:non_finite", 237)  # at its own step
     assert rule_events(home, run)[0]["payload"]["detected_at"] == 237

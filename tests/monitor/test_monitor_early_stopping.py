@@ -15,7 +15,7 @@ from prudent.checkpoint.settings import CheckpointSettings
 from prudent.monitor import Monitor
 from prudent.monitor.base import EvalSample, Window
 from prudent.monitor.rules import EarlyStoppingRule
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import make_settings, tiny_loader, tiny_model
 
 
@@ -134,7 +134,7 @@ def test_a_run_that_never_logs_the_metric_says_so_once(tmp_path: Path) -> None:
 
 
 def test_in_a_tuning_trial_early_stopping_prunes(monkeypatch: pytest.MonkeyPatch) -> None:
-    from prudent.launch import LaunchSpec, TrialSpec
+    from prudent.launch.spec import LaunchSpec, TrialSpec
 
     trial = TrialSpec(storage="sqlite:///x.db", study="s", trial_id=1, number=1, objective="val")
     for key, value in LaunchSpec(run_id="r", trial=trial).to_env().items():

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from prudent.config import load_settings
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.monitor import MonitorSettings, unregister_rule
 from prudent.monitor.monitor import build_rules
 from prudent.monitor.registry import RULES
+from prudent.wiring.config import load_settings
 
 
 def settings_from(tmp_path: Path, text: str) -> MonitorSettings:

@@ -13,11 +13,11 @@ import torch.nn.functional as F
 import prudent
 from prudent.checkpoint import Checkpointer
 from prudent.checkpoint.settings import CheckpointSettings
-from prudent.events import Event
+from prudent.kernel.events import Event
 from prudent.monitor import Monitor, register_rule, unregister_rule
 from prudent.monitor.base import Finding, Rule, Window
 from prudent.monitor.rules import LossSpikeRule
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import make_settings, tiny_loader, tiny_model
 
 

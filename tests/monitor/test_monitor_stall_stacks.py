@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import prudent
-from prudent.distributed import Ranks
+from prudent.distributed.torchrun import Ranks
 from prudent.monitor import Monitor
 from prudent.monitor.stall_stacks import (
     DEVICE,

@@ -14,7 +14,7 @@ import pytest
 import prudent
 from prudent.monitor import Monitor
 from prudent.monitor.watchdog import StallWatchdog, dump_stacks
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import FakeClock, make_settings
 
 

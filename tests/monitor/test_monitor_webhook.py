@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import prudent
 from prudent.monitor import Monitor
 from prudent.monitor.webhook import WebhookSender
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import make_settings, tiny_loader, tiny_model
 
 SECRET_PATH = "/services/T000/B000/s3cr3t-t0ken"

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import prudent
 from prudent.monitor.stats import grid_after, on_grid
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import StopAtStep, make_settings, tiny_loader, tiny_model
 
 # loss_spike is off: what skips an update here is the gradient norm alone

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import prudent
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import StopAtStep, make_settings, tiny_loader, tiny_model
 
 # a heavy-tailed loss (each step's scaled by a log-normal factor): some steps sit near the

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import prudent
-from prudent.config import ProjectSettings
 from prudent.preflight import PreflightProbe
+from prudent.wiring.config import ProjectSettings
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.preflight.projection import Price, price_for, project
 
 RECORD = {"step_s": 0.01, "num_epochs": 10, "batches_per_epoch": 100,

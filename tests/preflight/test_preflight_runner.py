@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.preflight.runner import PhaseResult, PreflightRunner, choose_stop_step
 
 

@@ -15,7 +15,7 @@ import torch
 import prudent
 from prudent.profile import Profiler
 from prudent.profile.summary import summary_line
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import make_settings, tiny_model
 
 
@@ -132,7 +132,7 @@ def test_a_loop_that_fetches_its_own_batches_says_data_was_not_measured(home: Pa
 def test_on_a_cpu_the_profiler_sleeps_and_times_the_kernels_stamps_in_bulk(home: Path) -> None:
     """The kernel notes each batch and step end; the profiler, called on a few steps only,
     still counts every step, sample and token, and its split adds up to the run's time."""
-    from prudent.events import Event
+    from prudent.kernel.events import Event
 
     settings = make_settings(home, profile={"interval_s": 60}, checkpoint={"enabled": False},
                              monitor={"enabled": False})  # a loss of 0 learns nothing

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from prudent.config import load_settings
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.profile import ProfileSettings, StepWindow, parse_step_window
+from prudent.wiring.config import load_settings
 
 
 def test_window_is_start_exclusive_stop_inclusive_steps() -> None:

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 import prudent
-from prudent.components import default_components
-from prudent.distributed import Ranks
-from prudent.events import Component
+from prudent.distributed.torchrun import Ranks
+from prudent.kernel.events import Component
 from prudent.profile import StragglerSettings, StragglerWatch
 from prudent.profile.straggler import RankTimes, find_stragglers, straggler_finding
-from prudent.store import Store
+from prudent.store.database import Store
 from prudent.testing import make_settings, tiny_model
+from prudent.wiring.components import default_components
 
 MS = 1e-3
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from prudent.loop_times import batch_size
+from prudent.kernel.loop_times import batch_size
 from prudent.profile.timer import CHUNK, StepTimer
 
 

@@ -14,8 +14,8 @@ import prudent
 from prudent.checkpoint.manager import Checkpointer
 from prudent.checkpoint.storage import open_storage
 from prudent.cost import CostMeter
-from prudent.errors import ConfigError
-from prudent.events import Component
+from prudent.kernel.errors import ConfigError
+from prudent.kernel.events import Component
 from prudent.record import RecordSync, merge_into, read_record
 from prudent.record.format import (
     FOLDER,
@@ -26,8 +26,8 @@ from prudent.record.format import (
     heartbeat_file,
     segment_file,
 )
-from prudent.recorder import MetricsRecorder
-from prudent.store import Store
+from prudent.store.database import Store
+from prudent.store.recorder import MetricsRecorder
 from prudent.testing import make_settings, tiny_model
 
 PRICEY = ("cloud,instance,region,gpu,num_gpus,vcpus,memory_gib,on_demand_usd,spot_usd,prices_as_of\n"

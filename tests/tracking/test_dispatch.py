@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 import prudent
-from prudent.errors import ConfigError
-from prudent.recorder import MetricsRecorder
+from prudent.kernel.errors import ConfigError
+from prudent.store.recorder import MetricsRecorder
 from prudent.testing import make_settings
 from prudent.tracking.base import TrackerRefused, TrackerSink, require
 from prudent.tracking.component import TrackingComponent

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 import prudent
-from prudent.config import ProjectSettings
 from prudent.testing import make_settings
 from prudent.tracking.base import RunInfo
 from prudent.tracking.settings import TensorBoardSettings
+from prudent.wiring.config import ProjectSettings
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402

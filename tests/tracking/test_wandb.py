@@ -141,7 +141,7 @@ def test_wandb_run_id_is_the_run_id_where_wandb_takes_it_else_stable_and_clean()
 
 def test_wandb_configured_but_not_installed_names_the_extra(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from prudent.errors import ConfigError
+    from prudent.kernel.errors import ConfigError
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ConfigError, match=r"pip install 'prudent\[wandb\]'"):

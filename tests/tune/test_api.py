@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import prudent
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.tune.api import _command
 
 SCRIPT = str(Path(__file__).parents[1] / "e2e" / "scripts" / "tune_train.py")

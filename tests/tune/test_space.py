@@ -5,7 +5,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.tune.space import load_space
 
 SPACE = """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 optuna = pytest.importorskip("optuna")
 strategy = pytest.importorskip("prudent.tune.strategy")

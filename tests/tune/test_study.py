@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.tune.study import (
     create_or_load,
     load,

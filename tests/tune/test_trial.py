@@ -6,7 +6,6 @@ import optuna
 import pytest
 
 import prudent
-from prudent.config import ProjectSettings
 from prudent.tune.strategy import make_pruner
 from prudent.tune.study import create_or_load, open_storage, storage_url
 from prudent.tune.trial import (
@@ -18,6 +17,7 @@ from prudent.tune.trial import (
     trial_from_env,
     under_tuner,
 )
+from prudent.wiring.config import ProjectSettings
 
 META = {"objective": "val_acc", "direction": "max", "space": {}, "pruner": {"name": "asha"}}
 ASHA = {"name": "asha", "args": {}}

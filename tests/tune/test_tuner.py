@@ -5,10 +5,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from prudent.config import ProjectSettings
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.tune.study import create_or_load, open_storage, storage_url
 from prudent.tune.tuner import TuneOptions, Tuner, parse_enqueue
+from prudent.wiring.config import ProjectSettings
 
 SPACE = {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True},
          "opt": {"type": "categorical", "choices": ["adam", "sgd"]}}

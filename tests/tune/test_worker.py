@@ -12,9 +12,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from prudent.config import ProjectSettings
 from prudent.tune.study import create_or_load, open_storage, storage_url
 from prudent.tune.worker import TuneJob, Worker
+from prudent.wiring.config import ProjectSettings
 
 SPACE = {"lr": {"type": "float", "low": 0.001, "high": 0.1, "log": True}}
 META = {"objective": "val_acc", "direction": "max", "space": SPACE,

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 from prudent.report.downsample import envelope, profile_timeline, run_series
 from prudent.report.reader import ReadOnlyStore
-from prudent.store import Store, metric_rollup
+from prudent.store.database import Store, metric_rollup
 
 
 def _store_with(tmp_path: Path, rows: list[tuple[int, str, float]], last_step: int) -> str:

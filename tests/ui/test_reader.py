@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from prudent.errors import ConfigError, StoreError
+from prudent.kernel.errors import ConfigError, StoreError
 from prudent.report.reader import ReadOnlyStore, open_readonly
-from prudent.store import Store, StoreSettings
+from prudent.store.database import Store, StoreSettings
 
 
 def test_the_viewer_cannot_write(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from prudent.report.commands import host_warning
 from prudent.report.pages import run_page, runs_page, verdict
 from prudent.report.reader import ReadOnlyStore
 from prudent.report.render import page_html, to_json
-from prudent.store import Store
+from prudent.store.database import Store
 from tests.ui.conftest import XSS_NAME, free_port, project_env, prudent
 
 

@@ -7,7 +7,7 @@ Imported on first use: the command line must not pay for torch.
 
 from __future__ import annotations
 
-from prudent.lazy import lazy_exports
+from prudent.kernel.lazy import lazy_exports
 
 __all__ = ["AdapterRun", "FrameworkCheckpoint"]
 

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from prudent.adapters.files import FrameworkCheckpoint
-from prudent.errors import StopRun
-from prudent.events import Event, EventKind
-from prudent.hparams import untracked
-from prudent.stop import StopKind, StopReason
+from prudent.kernel.errors import StopRun
+from prudent.kernel.events import Event, EventKind
+from prudent.kernel.stop import StopKind, StopReason
+from prudent.wiring.hparams import untracked
 
 __all__ = ["AdapterRun"]
 
@@ -67,7 +67,7 @@ class AdapterRun:
         again) under ``prudent preflight``; None otherwise."""
         if not self.is_smoke:
             return None
-        from prudent.launch import LaunchSpec
+        from prudent.launch.spec import LaunchSpec
 
         asked = LaunchSpec.from_env().preflight
         return (asked.mode if asked is not None else None) or "smoke"
@@ -75,7 +75,7 @@ class AdapterRun:
     @property
     def overfit_steps(self) -> int:
         """At most this many steps in overfit mode (the probe stops the run sooner)."""
-        from prudent.launch import LaunchSpec
+        from prudent.launch.spec import LaunchSpec
 
         asked = LaunchSpec.from_env().preflight
         return max(2, asked.overfit_steps or 300) if asked is not None else 300
@@ -162,7 +162,7 @@ class AdapterRun:
         restored its own state and before the first batch is drawn)."""
         rng, self.ctx.resume_rng = self.ctx.resume_rng, None
         if rng is not None:
-            from prudent.rng import restore_rng
+            from prudent.kernel.rng import restore_rng
 
             restore_rng(rng)
 
@@ -234,7 +234,7 @@ class AdapterRun:
     def log(self, take_stop: bool = True, **metrics: Any) -> StopReason | None:
         """Evaluation metrics (the tuner reads its objective here); returns a stop, if any
         (``take_stop=False``: a pending one is left for a later hook, the epoch's end)."""
-        from prudent.store_writer import to_floats
+        from prudent.store.writer import to_floats
 
         values = {k: v for k, v in zip(metrics, to_floats(metrics.values())) if v is not None}
         if values:

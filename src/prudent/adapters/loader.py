@@ -6,7 +6,7 @@ batches than the uninterrupted one. Wrapped in a :class:`ResumableLoader`, the l
 the framework where it is (``state_dict``: the generator states the epoch's order was drawn
 from, the batches already trained, the RNG at the checkpoint) and, given that state back
 (``load_state_dict``, before the epoch's iterator is made), draws the same order again, skips
-the trained batches by index (no data loaded for them: ``prudent.data``) and restores the
+the trained batches by index (no data loaded for them: ``prudent.kernel.data``) and restores the
 RNG, so dropout and the rest continue exactly as well.
 """
 
@@ -15,13 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prudent.data import (
+from prudent.kernel.data import (
     epoch_start_state,
     loader_generator_states,
     restore_loader_generators,
     resume_iterator,
 )
-from prudent.rng import capture_rng, restore_rng
+from prudent.kernel.rng import capture_rng, restore_rng
 
 __all__ = ["ResumableLoader", "loader_length"]
 

@@ -7,7 +7,7 @@ reads ``CheckpointSettings``) should not pay for importing it.
 from __future__ import annotations
 
 from prudent.checkpoint.settings import CheckpointSettings
-from prudent.lazy import lazy_exports
+from prudent.kernel.lazy import lazy_exports
 
 __all__ = ["CheckpointSettings", "Checkpointer"]
 

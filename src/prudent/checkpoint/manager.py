@@ -4,14 +4,14 @@ What a checkpoint holds: every object attached to the run (``state_dict()`` of m
 optimizers, schedulers, GradScalers, any stateful object), the run's counters and data
 position, the RNG states, and every component's state. It is restored when the run starts
 (counters), when each object is attached (its state), and when training resumes (RNG and
-data position, see ``prudent.data``).
+data position, see ``prudent.kernel.data``).
 
 Models and their optimizers are saved through DCP in every parallelism
 (``prudent.checkpoint.sharded``): rank 0's writer writes replicated state (one process, DDP)
 once; with sharded (FSDP2) state every rank writes its own shards.
 
 Under torchrun every rank takes part in each save, at the same step: rank 0's schedule
-proposes a periodic save, the ranks agree on it at the next step (``prudent.distributed``),
+proposes a periodic save, the ranks agree on it at the next step (``prudent.distributed.torchrun``),
 and each rank hands its own generators and epoch position to rank 0, which writes the files
 (``prudent.checkpoint.ranks``). Epoch-end saves follow rank 0's decision; stop saves follow
 the agreed stop.
@@ -56,17 +56,17 @@ from prudent.checkpoint.storage import (
     step_of,
 )
 from prudent.checkpoint.writer import CheckpointWriter, SaveResult, load_checkpoint, load_latest
-from prudent.distributed import ranks_from_env
-from prudent.elastic import record_membership
-from prudent.errors import ConfigError
-from prudent.events import Component, Event, EventKind
-from prudent.launch import host_name
-from prudent.pace import StepPace
-from prudent.stop import StopKind
+from prudent.distributed.elastic import record_membership
+from prudent.distributed.torchrun import ranks_from_env
+from prudent.kernel.errors import ConfigError
+from prudent.kernel.events import Component, Event, EventKind
+from prudent.kernel.pace import StepPace
+from prudent.kernel.stop import StopKind
+from prudent.launch.spec import host_name
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
-    from prudent.stop import StopReason
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.stop import StopReason
 
 __all__ = ["Checkpointer"]
 
@@ -249,7 +249,7 @@ class Checkpointer(Component):
     def _step_end_ranks(self, run: RunContext, busy: bool) -> None:
         """Under torchrun: every N steps, every rank knows the step and saves; a timed (or
         auto) schedule is rank 0's clock, so rank 0 proposes and every rank saves the step
-        after (the ranks agree on it, see ``prudent.distributed``). Never asleep: the
+        after (the ranks agree on it, see ``prudent.distributed.torchrun``). Never asleep: the
         agreement can come at any step."""
         if self.schedule.kind == "steps":
             if self.schedule.due_at_step(run.state.step):
@@ -343,7 +343,8 @@ class Checkpointer(Component):
         meta = {"run_id": run.id, "epoch": state.epoch, "batches_in_epoch": state.batches_in_epoch,
                 "reason": reason}
         # the world it was taken in, one process too: an elastic job's membership changes
-        # are told from it (prudent.elastic), and a resume on more ranks seeds the others apart
+        # are told from it (prudent.distributed.elastic), and a resume on more ranks seeds the
+        # others apart
         parts = parts or ([rank_state(run, rng=payload["run"]["rng"])]  # captured just above
                           + [None] * (self.ranks.world_size - 1))
         payload["run"]["ranks"] = parts

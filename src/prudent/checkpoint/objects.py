@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["check_saveable", "restore_object", "state_of"]
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from prudent.checkpoint.sharded import canonical_name, holds_shards, owner_of
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["canonical_name", "needs_translation", "restore_whole_module",
            "restore_whole_optimizer", "sharded_owner"]

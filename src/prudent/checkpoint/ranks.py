@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from prudent.events import EventKind
+from prudent.kernel.events import EventKind
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
-    from prudent.distributed import Ranks
+    from prudent.distributed.torchrun import Ranks
+    from prudent.kernel.context import RunContext
 
 __all__ = ["check_world_change", "rank_state", "restore_rank_state", "world_of"]
 
@@ -25,8 +25,8 @@ __all__ = ["check_world_change", "rank_state", "restore_rank_state", "world_of"]
 def rank_state(run: RunContext, rng: dict[str, Any] | None = None) -> dict[str, Any]:
     """What this rank alone knows: its generators (``rng`` when just captured), its epoch's
     shuffle states, its host."""
-    from prudent.launch import host_name
-    from prudent.rng import capture_rng
+    from prudent.kernel.rng import capture_rng
+    from prudent.launch.spec import host_name
 
     state = run.state
     return {"rng": rng if rng is not None else capture_rng(), "epoch_rng": state.epoch_rng,
@@ -60,7 +60,7 @@ def restore_rank_state(run: RunContext, saved_run: dict[str, Any], ranks: Ranks)
 def check_world_change(run: RunContext, saved_world: int | None, world_size: int) -> None:
     """A checkpoint taken mid-epoch on another number of ranks: the epoch's position is
     counted in global samples (the ranks' batches are interleaved shares of one order), and
-    ``run.batches`` deals the rest of the epoch over the new world (``prudent.data``), or
+    ``run.batches`` deals the rest of the epoch over the new world (``prudent.kernel.data``), or
     refuses a loader that does not deal its data that way. Recorded here, at the resume."""
     state = run.state
     if saved_world is None or saved_world == world_size:

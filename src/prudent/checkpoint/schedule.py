@@ -17,8 +17,8 @@ import math
 import time
 from collections.abc import Callable
 
-from prudent.pace import steps_within
-from prudent.units import parse_duration_s, parse_interval
+from prudent.kernel.pace import steps_within
+from prudent.kernel.units import parse_duration_s, parse_interval
 
 __all__ = ["SaveSchedule", "daly_interval_s"]
 
@@ -57,7 +57,7 @@ class SaveSchedule:
         """Steps that can pass before the next save could be due (0: ask again next step).
 
         Step-counted schedules know it exactly; a timed one from the recent step time
-        (:func:`prudent.pace.steps_within`)."""
+        (:func:`prudent.kernel.pace.steps_within`)."""
         waits = self._due_step - step
         if self._timed:
             waits = min(waits, steps_within(self._due_time - self.clock(), step_s))

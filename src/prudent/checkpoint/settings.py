@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prudent.units import parse_duration_s, parse_interval
+from prudent.kernel.units import parse_duration_s, parse_interval
 
 __all__ = ["CheckpointSettings"]
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 if TYPE_CHECKING:
     from prudent.checkpoint.storage import CheckpointStorage

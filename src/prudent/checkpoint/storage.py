@@ -18,8 +18,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import IO, Any
 
-from prudent.errors import ConfigError
-from prudent.launch import ENV_S3_ENDPOINT_URL
+from prudent.kernel.errors import ConfigError
+from prudent.launch.spec import ENV_S3_ENDPOINT_URL
 
 __all__ = ["CheckpointStorage", "FsspecStorage", "LocalStorage", "default_location",
            "open_storage"]

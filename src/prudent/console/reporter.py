@@ -14,17 +14,17 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TextIO
 
 from prudent.console.settings import ConsoleSettings
-from prudent.events import Component
-from prudent.loop_times import TOKENS
-from prudent.pace import StepPace, steps_within
-from prudent.stop import StopKind
+from prudent.kernel.events import Component
+from prudent.kernel.loop_times import TOKENS
+from prudent.kernel.pace import StepPace, steps_within
+from prudent.kernel.stop import StopKind
 
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from prudent.context import RunContext
-    from prudent.state import RunState
-    from prudent.stop import StopReason
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.state import RunState
+    from prudent.kernel.stop import StopReason
 
 __all__ = ["ConsoleReporter"]
 

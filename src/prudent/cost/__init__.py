@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prudent.lazy import lazy_exports
+from prudent.kernel.lazy import lazy_exports
 
 __all__ = ["Catalog", "CostMeter", "CostSettings", "InstanceType", "Job", "PolicySettings",
            "PolicyViolation", "Spend", "Violation", "check_job", "load_catalog", "load_policy"]

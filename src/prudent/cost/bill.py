@@ -24,10 +24,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from prudent.stop import StopReason
+from prudent.kernel.stop import StopReason
 
 if TYPE_CHECKING:
-    from prudent.store import Store
+    from prudent.store.database import Store
 
 __all__ = ["BY", "BillLine", "bill"]
 
@@ -173,8 +173,8 @@ def _group_key(run: dict[str, Any], line: BillLine, by: str) -> str:
 
 def since_timestamp(text: str | None, now: float | None = None) -> float:
     """``7d``, ``12h``, ``2026-12-01`` -> a UNIX time; None -> 0 (everything)."""
-    from prudent.errors import ConfigError
-    from prudent.units import parse_duration_s
+    from prudent.kernel.errors import ConfigError
+    from prudent.kernel.units import parse_duration_s
 
     if not text:
         return 0.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from prudent.cost.policy import Spend
 from prudent.cost.settings import CostSettings, PolicySettings
-from prudent.units import parse_hours, parse_usd
+from prudent.kernel.units import parse_hours, parse_usd
 
 __all__ = ["Limit", "limits", "stop_message"]
 

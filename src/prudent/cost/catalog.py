@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from prudent.cost.settings import CostSettings
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["COLUMNS", "NO_SPOT_MARKET", "Catalog", "InstanceType", "from_skypilot", "load_catalog",
            "write_rows"]

@@ -13,11 +13,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from prudent.errors import ConfigError, ExitCode
+from prudent.kernel.errors import ConfigError, ExitCode
 
 if TYPE_CHECKING:
-    from prudent.config import ProjectSettings
-    from prudent.store import Store
+    from prudent.store.database import Store
+    from prudent.wiring.config import ProjectSettings
 
 __all__ = ["bill", "breakdown", "catalog", "catalog_app", "catalog_import", "check_or_exit",
            "cost_settings", "policy_app", "stale_prices"]
@@ -78,8 +78,8 @@ def catalog(
     config: str | None = _ConfigOption,
 ) -> None:
     """The price catalog: GPU instance types with on-demand and spot $/h, source and date."""
-    from prudent.config import load_settings
     from prudent.cost.catalog import load_catalog
+    from prudent.wiring.config import load_settings
 
     if ctx.invoked_subcommand is not None:
         return
@@ -134,9 +134,9 @@ def catalog_import(
 
     Example: prudent catalog import ~/.sky/catalogs/v7/aws/vms.csv --to prices.csv
     """
-    from prudent.config import load_settings
     from prudent.cost.catalog import from_skypilot, write_rows
     from prudent.cost.skypilot import cloud_of
+    from prudent.wiring.config import load_settings
 
     cost = load_settings(config).cost
     name = (cloud or cloud_of(file) or "").lower()
@@ -203,11 +203,11 @@ def policy_check(
     """
     from dataclasses import replace
 
-    from prudent.config import load_settings
     from prudent.cost.catalog import load_catalog
     from prudent.cost.freshness import pricing
     from prudent.cost.launch import existing_spend
     from prudent.cost.policy import check_job, job_from_settings, load_policy
+    from prudent.wiring.config import load_settings
 
     if kind not in ("run", "tune") or nodes < 1 or parallel < 1 or (gpus is not None and gpus < 0):
         raise ConfigError(f"--kind {kind!r} --nodes {nodes} --parallel {parallel} --gpus {gpus}: "
@@ -240,10 +240,10 @@ def bill(
 
     Example: prudent cost --since 7d --by name
     """
-    from prudent.config import load_settings
     from prudent.cost.bill import BY, since_timestamp
     from prudent.cost.bill import bill as make_bill
-    from prudent.store import Store
+    from prudent.store.database import Store
+    from prudent.wiring.config import load_settings
 
     if by not in BY:
         raise ConfigError(f"--by {by!r} is invalid: use one of {', '.join(BY)}")

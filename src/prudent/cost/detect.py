@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from prudent.cost.catalog import Catalog
 from prudent.cost.settings import CostSettings
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.preemption.cloud import detect_cloud
 from prudent.preemption.settings import PreemptionSettings
 

@@ -62,7 +62,7 @@ def stale_price_warning(instance: str | None, cost: CostSettings | str | None = 
     """
     from prudent.cost.catalog import load_catalog
     from prudent.cost.settings import CostSettings
-    from prudent.errors import ConfigError
+    from prudent.kernel.errors import ConfigError
 
     if not instance:
         return None

@@ -23,7 +23,7 @@ from prudent.cost.policy import (
 from prudent.cost.shape import torchrun_environ, with_torchrun
 
 if TYPE_CHECKING:
-    from prudent.config import ProjectSettings
+    from prudent.wiring.config import ProjectSettings
 
 __all__ = ["check_launch", "existing_spend"]
 
@@ -49,7 +49,7 @@ def check_launch(settings: ProjectSettings, kind: str = "run", parallel: int = 1
 
 def existing_spend(settings: ProjectSettings) -> Spend:
     """Today's and this month's stored costs, without creating a store that is not there."""
-    from prudent.store import Store
+    from prudent.store.database import Store
 
     store_settings = settings.store
     if store_settings.url is None and not (Path(store_settings.home) / "prudent.db").exists():

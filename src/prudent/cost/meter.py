@@ -36,14 +36,14 @@ from prudent.cost.policy import (
 )
 from prudent.cost.settings import CostSettings, PolicySettings
 from prudent.cost.shape import with_torchrun
-from prudent.events import Component, Event, EventKind
+from prudent.kernel.events import Component, Event, EventKind
+from prudent.kernel.stop import StopKind, StopReason
+from prudent.kernel.units import parse_duration_s
 from prudent.record.attempt import attempt_id, host_name
-from prudent.stop import StopKind, StopReason
-from prudent.units import parse_duration_s
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
-    from prudent.stop import StopReason
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.stop import StopReason
 
 __all__ = ["CostMeter"]
 

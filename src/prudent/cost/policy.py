@@ -18,12 +18,12 @@ from pydantic import ValidationError
 
 from prudent.cost.catalog import Catalog, InstanceType, matches
 from prudent.cost.settings import CostSettings, PolicySettings
-from prudent.errors import ConfigError, PrudentError
-from prudent.units import parse_hours, parse_usd
+from prudent.kernel.errors import ConfigError, PrudentError
+from prudent.kernel.units import parse_hours, parse_usd
 
 if TYPE_CHECKING:
-    from prudent.config import ProjectSettings
-    from prudent.store import Store
+    from prudent.store.database import Store
+    from prudent.wiring.config import ProjectSettings
 
 __all__ = ["Job", "PolicyViolation", "Spend", "Violation", "check_job", "job_from_settings",
            "load_policy", "project_spend"]
@@ -216,7 +216,7 @@ def load_policy(settings: ProjectSettings) -> PolicySettings:
     path = settings.cost.policy_file
     if not path:
         return settings.policy
-    from prudent.config import read_yaml_file  # config imports this package's settings
+    from prudent.wiring.config import read_yaml_file  # config imports this package's settings
 
     data = read_yaml_file(path, "policy file") or {}
     if isinstance(data, dict) and set(data) == {"policy"}:

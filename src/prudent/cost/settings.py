@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prudent.errors import ConfigError
-from prudent.units import parse_duration_s, parse_hours, parse_usd
+from prudent.kernel.errors import ConfigError
+from prudent.kernel.units import parse_duration_s, parse_hours, parse_usd
 
 __all__ = ["CostSettings", "PolicySettings"]
 

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["REFERENCE_REGIONS", "cloud_of", "is_skypilot", "local_catalogs", "read_skypilot"]
 

@@ -8,13 +8,13 @@
   (:mod:`prudent.debug.replay`); ``prudent replay RUN --step S`` reruns up to step S from the
   newest checkpoint before it.
 
-The components import torch: ``prudent.components`` builds them when a run starts.
+The components import torch: ``prudent.wiring.components`` builds them when a run starts.
 """
 
 from __future__ import annotations
 
 from prudent.debug.settings import DebugSettings
-from prudent.lazy import lazy_exports
+from prudent.kernel.lazy import lazy_exports
 
 __all__ = ["BundleReplay", "DebugMode", "DebugSettings", "FailureCapture", "StepReplay"]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from prudent.checkpoint.storage import LocalStorage
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["BATCH_FILE", "RUN_FILE", "Bundle", "BundleWritten", "format_size", "object_file",
            "read_bundle", "write_bundle"]

@@ -38,14 +38,14 @@ from prudent.debug.probe import (
     non_finite_rows,
 )
 from prudent.debug.settings import DebugSettings
-from prudent.distributed import ranks_from_env
-from prudent.events import Component, Event, EventKind
-from prudent.hparams import untracked
-from prudent.rng import capture_rng
+from prudent.distributed.torchrun import ranks_from_env
+from prudent.kernel.events import Component, Event, EventKind
+from prudent.kernel.rng import capture_rng
+from prudent.wiring.hparams import untracked
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
-    from prudent.stop import StopReason
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.stop import StopReason
 
 __all__ = ["FailureCapture", "capture_folder"]
 
@@ -377,7 +377,7 @@ def _drew(rng: tuple[Any, Any]) -> bool:
 
 
 def _rng_dict(rng: tuple[Any, Any]) -> dict[str, Any]:
-    """A step's generators as :func:`prudent.rng.restore_rng` takes them."""
+    """A step's generators as :func:`prudent.kernel.rng.restore_rng` takes them."""
     cpu, cuda = rng
     state: dict[str, Any] = {"torch": cpu.get_state()}
     if cuda is not None:

@@ -20,11 +20,11 @@ from typing import IO, Any
 
 import typer
 
-from prudent.config import ProjectSettings, load_settings
-from prudent.errors import ConfigError, ExitCode
-from prudent.launch import ENV_SUPERVISED, LaunchSpec, ReplaySpec
-from prudent.spawn import spawn
-from prudent.store import Store, resolve_run
+from prudent.kernel.errors import ConfigError, ExitCode
+from prudent.launch.spawn import spawn
+from prudent.launch.spec import ENV_SUPERVISED, LaunchSpec, ReplaySpec
+from prudent.store.database import Store, resolve_run
+from prudent.wiring.config import ProjectSettings, load_settings
 
 __all__ = ["replay", "replay_command"]
 
@@ -47,7 +47,7 @@ def replay(
 
     Example: prudent replay baseline --step 40 -- python train.py
     """
-    from prudent.training_command import refuse_option_as_program
+    from prudent.launch.training_command import refuse_option_as_program
 
     refuse_option_as_program(context, command)
     raise typer.Exit(replay_command(target, step, use_pdb, as_json, command or [], config))
@@ -57,7 +57,7 @@ def replay_command(target: str, step: int | None, use_pdb: bool, as_json: bool,
                    command: list[str], config_path: str | None) -> int:
     """Run the replay; returns the exit code."""
     from prudent.debug.bundle import read_bundle
-    from prudent.session import new_run_id
+    from prudent.wiring.session import new_run_id
 
     if not command:
         raise ConfigError("no command to replay with: write the training command after '--', "
@@ -106,7 +106,7 @@ def _spec(settings: ProjectSettings, replay_id: str, hparams: dict[str, Any], re
 def _prepare_step(settings: ProjectSettings, ref: str, step: int
                   ) -> tuple[str, dict[tuple[str, str], str], dict[str, Any], dict[str, Any]]:
     """Copy RUN's newest checkpoint before ``step`` into a fresh replay run's folder."""
-    from prudent.session import new_run_id
+    from prudent.wiring.session import new_run_id
 
     if step < 1:
         raise ConfigError(f"--step must be >= 1, got {step}")

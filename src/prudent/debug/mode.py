@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from prudent.debug.probe import describe_batch
-from prudent.events import Component
+from prudent.kernel.events import Component
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.stop import StopReason
     from prudent.monitor.settings import MonitorSettings
-    from prudent.stop import StopReason
 
 __all__ = ["CUBLAS_WORKSPACE", "DebugMode", "capture_on_every_rule"]
 

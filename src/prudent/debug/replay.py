@@ -33,15 +33,15 @@ from prudent.debug.probe import (
     non_finite_grads,
     non_finite_rows,
 )
-from prudent.errors import ConfigError
-from prudent.events import Component
-from prudent.launch import ENV_REPLAY, ENV_REPLAY_PDB, ENV_REPLAY_STEP, LaunchSpec
-from prudent.rng import restore_rng
-from prudent.stop import StopKind, StopReason
+from prudent.kernel.errors import ConfigError
+from prudent.kernel.events import Component
+from prudent.kernel.rng import restore_rng
+from prudent.kernel.stop import StopKind, StopReason
+from prudent.launch.spec import ENV_REPLAY, ENV_REPLAY_PDB, ENV_REPLAY_STEP, LaunchSpec
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
-    from prudent.stop import StopReason
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.stop import StopReason
 
 __all__ = ["ENV_REPLAY", "ENV_REPLAY_PDB", "ENV_REPLAY_STEP", "REPORT_FILE", "BundleReplay",
            "StepReplay", "replay_from_env"]

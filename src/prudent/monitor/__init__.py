@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from prudent.lazy import lazy_exports
+from prudent.kernel.lazy import lazy_exports
 
 __all__ = [
     "Finding",

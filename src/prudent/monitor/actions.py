@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from prudent.events import EventKind
+from prudent.kernel.events import EventKind
+from prudent.kernel.stop import StopReason
 from prudent.monitor.base import Finding
 from prudent.monitor.settings import ActionSettings, ReduceLRSettings, RollbackSettings
-from prudent.stop import StopReason
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
+    from prudent.kernel.context import RunContext
 
 __all__ = ["ACTIONS", "Action", "AlertAction", "CaptureAction", "Firing", "PruneAction",
            "ReduceLRAction", "RollbackAction", "SkipAction", "StopAction", "build_actions",

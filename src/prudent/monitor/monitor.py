@@ -24,9 +24,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from prudent.errors import StopRun
-from prudent.events import Component, Event, EventKind
-from prudent.launch import LaunchSpec, host_name
+from prudent.kernel.errors import StopRun
+from prudent.kernel.events import Component, Event, EventKind
+from prudent.kernel.optimizer_step import put_back_step, replace_next_step
+from prudent.kernel.step_values import StepValues
+from prudent.kernel.stop import StopReason
+from prudent.launch.spec import LaunchSpec, host_name
 from prudent.monitor.actions import Action, Firing, RollbackAction, build_actions
 from prudent.monitor.base import (
     START_STEPS,
@@ -43,12 +46,9 @@ from prudent.monitor.stall_stacks import PEER_WAIT_S, RankStacks
 from prudent.monitor.stats import StepStats, on_grid, saved_loss
 from prudent.monitor.watchdog import StallWatchdog
 from prudent.monitor.webhook import WebhookSender
-from prudent.optimizer_step import put_back_step, replace_next_step
-from prudent.step_values import StepValues
-from prudent.stop import StopReason
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
+    from prudent.kernel.context import RunContext
 
 __all__ = ["Monitor", "build_rules"]
 

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError, create_model
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.monitor.base import Finding, Rule, RuleSettings, Window
 
 __all__ = ["RULES", "import_plugins", "register_rule", "rule", "unregister_rule"]

@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from prudent.launch import ENV_ALERT_WEBHOOK
+from prudent.launch.spec import ENV_ALERT_WEBHOOK
 from prudent.monitor.base import RuleSettings
 from prudent.monitor.registry import RULES, import_plugins
 from prudent.monitor.rules import BUILTIN_RULES

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from prudent.distributed import Ranks, ranks_from_env
+from prudent.distributed.torchrun import Ranks, ranks_from_env
 from prudent.monitor.watchdog import dump_stacks
 
 __all__ = ["PEER_WAIT_S", "RankStacks", "StallVerdict", "hung_peers", "judge_stack",
@@ -44,7 +44,7 @@ __all__ = ["PEER_WAIT_S", "RankStacks", "StallVerdict", "hung_peers", "judge_sta
 SINGLE_FILE = "stalled-stacks.txt"
 PEER_WAIT_S = 5.0  # rank 0 waits this long at most for its peers' files (they fire together)
 COLLECTIVE_CODE = ("torch/distributed/", "torch/nn/parallel/distributed.py", "torch/futures/",
-                   "prudent/distributed.py")
+                   "prudent/distributed/torchrun.py")
 BACKWARD_CODE = ("torch/autograd/",)
 DEVICE_CODE = ("torch/cuda/",)
 _WORK_WAIT = re.compile(r"\.wait\(\s*\)")  # a Work's wait is C++: the caller's frame shows it

@@ -274,7 +274,7 @@ class StepStats:
 
     def add_steps(self, steps: list[int], losses: list[Any], judged: bool = False) -> bool:
         """Record the steps since the last call with their losses (the kernel keeps them while
-        the monitor sleeps, see :class:`~prudent.step_values.StepValues`); True when a window
+        the monitor sleeps, see :class:`~prudent.kernel.step_values.StepValues`); True when a window
         is due. ``judged``: the kernel's loss watch has already looked at each host loss (a
         NaN, a jump, see :attr:`loss_jump_at`), so they are only kept."""
         if not steps:

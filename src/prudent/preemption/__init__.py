@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from prudent.lazy import lazy_exports
+from prudent.kernel.lazy import lazy_exports
 
 __all__ = ["PreemptionSettings", "PreemptionWatcher", "detect_cloud"]
 

@@ -19,13 +19,13 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING
 
-from prudent.events import Component, EventKind
+from prudent.kernel.events import Component, EventKind
+from prudent.kernel.stop import StopKind, StopReason
 from prudent.preemption.cloud import detect_cloud
 from prudent.preemption.settings import PreemptionSettings
-from prudent.stop import StopKind, StopReason
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
+    from prudent.kernel.context import RunContext
 
 __all__ = ["PreemptionWatcher", "detect_cloud"]
 

@@ -9,7 +9,7 @@ estimates the full run's time and cost; ``report`` prints it.
 
 from __future__ import annotations
 
-from prudent.lazy import lazy_exports
+from prudent.kernel.lazy import lazy_exports
 
 __all__ = ["PreflightProbe", "ProbeSettings"]
 

@@ -36,15 +36,15 @@ def preflight(
 
     Example: prudent preflight --steps 4 -- python train.py
     """
-    from prudent.training_command import refuse_option_as_program
+    from prudent.launch.training_command import refuse_option_as_program
 
     refuse_option_as_program(context, command)
-    from prudent.config import load_settings
     from prudent.preflight.checks import run_checks
     from prudent.preflight.projection import price_for, project
     from prudent.preflight.report import as_json as to_json
     from prudent.preflight.report import as_text, projection_check, verdict_ok
     from prudent.preflight.runner import PreflightRunner
+    from prudent.wiring.config import load_settings
 
     settings = load_settings(config)
     price = price_for(instance, price_per_hour, spot, settings.cost.catalog_file)  # before running
@@ -67,7 +67,7 @@ def _check_inputs(device: str, speedup: float | None) -> None:
     """Bad flags are refused before minutes of smoke runs, not after them."""
     import re
 
-    from prudent.errors import ConfigError
+    from prudent.kernel.errors import ConfigError
 
     if speedup is not None and speedup <= 0:
         raise ConfigError(f"--speedup must be > 0, got {speedup}")

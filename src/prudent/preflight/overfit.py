@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from prudent.events import Component
+from prudent.kernel.events import Component
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
+    from prudent.kernel.context import RunContext
 
 __all__ = ["FirstStepReplay"]
 
@@ -38,7 +38,7 @@ class FirstStepReplay(Component):
         self._rng: dict[str, Any] | None = None
 
     def on_attach(self, run: RunContext, objects: dict[str, Any]) -> None:
-        from prudent.rng import capture_rng
+        from prudent.kernel.rng import capture_rng
 
         if self._rng is None:
             self._rng = capture_rng()
@@ -46,7 +46,7 @@ class FirstStepReplay(Component):
     def on_step_end(self, run: RunContext, metrics: dict[str, Any]) -> None:
         if self._rng is None or self.record.get("loader_repeated"):
             return  # run.batches repeats the first batch itself
-        from prudent.rng import restore_rng
+        from prudent.kernel.rng import restore_rng
 
         restore_rng(self._rng)
         self.record["rewound"] = True

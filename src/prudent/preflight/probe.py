@@ -26,16 +26,16 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from prudent.events import Component
-from prudent.launch import LaunchSpec, PreflightSpec
+from prudent.kernel.events import Component
+from prudent.kernel.run import SMOKE_MAX_EPOCHS
+from prudent.kernel.stop import StopKind
+from prudent.launch.spec import LaunchSpec, PreflightSpec
 from prudent.preflight import structure
 from prudent.preflight.overfit import FirstStepReplay
-from prudent.run import SMOKE_MAX_EPOCHS
-from prudent.stop import StopKind
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
-    from prudent.stop import StopReason
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.stop import StopReason
 
 __all__ = ["OVERFIT_FACTOR", "PreflightProbe", "ProbeSettings"]
 
@@ -381,7 +381,7 @@ def _rng_fingerprint() -> dict[str, str]:
     resume check to compare across processes."""
     import hashlib
 
-    from prudent.rng import capture_rng
+    from prudent.kernel.rng import capture_rng
 
     hashes = {}
     for name, state in capture_rng().items():
@@ -397,7 +397,7 @@ def _median(values: list[float]) -> float | None:
 
 def _current_exception() -> dict[str, Any] | None:
     """The exception the run is ending with (inside ``with run:`` or at interpreter exit)."""
-    from prudent.context import uncaught_exception
+    from prudent.kernel.context import uncaught_exception
 
     exc = sys.exc_info()[1] or uncaught_exception()
     if exc is None or type(exc).__name__ in ("StopRun", "SystemExit", "KeyboardInterrupt"):

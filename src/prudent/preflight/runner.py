@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prudent.errors import ConfigError
-from prudent.launch import (
+from prudent.kernel.errors import ConfigError
+from prudent.launch.spawn import spawn
+from prudent.launch.spec import (
     ENV_PREFLIGHT_STOP_AT,
     ENV_RUN_ID,
     ENV_RUN_NAME,
@@ -37,7 +38,6 @@ from prudent.launch import (
     PreflightSpec,
     setting_var,
 )
-from prudent.spawn import spawn
 
 __all__ = ["PhaseResult", "PreflightResult", "PreflightRunner", "choose_stop_step"]
 

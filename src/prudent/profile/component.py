@@ -1,7 +1,7 @@
 """Profiler: the component that times every step, samples the system and says what to change.
 
 On the training thread it costs the loop next to nothing: the kernel notes when each batch
-arrives and each step ends (:class:`~prudent.loop_times.LoopTimes`), and the profiler,
+arrives and each step ends (:class:`~prudent.kernel.loop_times.LoopTimes`), and the profiler,
 asleep in between, hands those stamps to its :class:`StepTimer` every few hundred steps or
 fractions of a sampling interval (on a GPU it is called every step instead: it must sync the
 device on some). The system sampler is a thread of its own; the diagnosis, the summary event,
@@ -15,10 +15,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from prudent.errors import StoreError
-from prudent.events import Component, Event, EventKind
-from prudent.loop_times import TOKENS, LoopTimes, batch_size, token_count
-from prudent.pace import StepPace, steps_within
+from prudent.kernel.errors import StoreError
+from prudent.kernel.events import Component, Event, EventKind
+from prudent.kernel.loop_times import TOKENS, LoopTimes, batch_size, token_count
+from prudent.kernel.pace import StepPace, steps_within
 from prudent.profile.diagnosis import Facts, diagnose
 from prudent.profile.sampler import MB, SystemSampler
 from prudent.profile.settings import ProfileSettings
@@ -27,8 +27,8 @@ from prudent.profile.timer import CHUNK, StepTimer
 from prudent.profile.trace import TraceWindow
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
-    from prudent.stop import StopReason
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.stop import StopReason
 
 __all__ = ["PROFILE_METRICS", "Profiler"]
 

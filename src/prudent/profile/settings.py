@@ -7,9 +7,9 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
+from prudent.kernel.units import parse_duration_s
 from prudent.profile.diagnosis import Thresholds
-from prudent.units import parse_duration_s
 
 __all__ = ["ProfileSettings", "StepWindow", "StragglerSettings", "parse_step_window"]
 

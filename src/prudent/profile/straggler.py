@@ -38,13 +38,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
-from prudent.events import Component, EventKind
-from prudent.launch import host_name
+from prudent.kernel.events import Component, EventKind
+from prudent.launch.spec import host_name
 from prudent.profile.diagnosis import Finding
 from prudent.profile.settings import StragglerSettings
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
+    from prudent.kernel.context import RunContext
 
 __all__ = ["RankTimes", "Straggler", "StragglerWatch", "find_stragglers", "straggler_finding"]
 

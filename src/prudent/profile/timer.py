@@ -140,7 +140,8 @@ class StepTimer:
         return compute
 
     def replay(self, loaded: list[float], ended: list[float]) -> None:
-        """The kernel's stamps since the last call (see :class:`~prudent.loop_times.LoopTimes`:
+        """The kernel's stamps since the last call (see
+        :class:`~prudent.kernel.loop_times.LoopTimes`:
         ``loaded`` flat (arrival, wait) pairs, ``ended`` step ends), as if each had been passed
         to :meth:`batch_loaded` and :meth:`step_end` in time order. The usual shape, one batch
         then its step, over and over, is summed with list operations (a few hundred steps

@@ -7,7 +7,7 @@ meter needs only :mod:`prudent.record.attempt`.
 
 from __future__ import annotations
 
-from prudent.lazy import lazy_exports
+from prudent.kernel.lazy import lazy_exports
 
 __all__ = ["ImportResult", "Record", "RecordSync", "merge_into", "read_record"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import time
 
-from prudent.launch import host_name
+from prudent.launch.spec import host_name
 
 __all__ = ["attempt_id", "begin_attempt", "host_name"]
 

@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["FOLDER", "Attempt", "Segment", "decode_heartbeat", "decode_segment",
            "encode_heartbeat", "encode_segment", "heartbeat_file", "segment_file"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prudent.checkpoint.storage import CheckpointStorage
-from prudent.events import EventKind
+from prudent.kernel.events import EventKind
 from prudent.record.format import (
     FOLDER,
     Attempt,
@@ -24,7 +24,7 @@ from prudent.record.format import (
     is_segment,
 )
 from prudent.record.rows import event_key, local_keys, metric_key
-from prudent.store import Store
+from prudent.store.database import Store
 
 __all__ = ["ImportResult", "Record", "merge_into", "read_record"]
 

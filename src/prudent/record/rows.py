@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from prudent.store import Store, events, metrics
+from prudent.store.database import Store, events, metrics
 
 __all__ = ["Cursor", "event_key", "local_keys", "metric_key", "newest_ids", "rows_after"]
 

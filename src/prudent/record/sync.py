@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from prudent.checkpoint.settings import CheckpointSettings
 from prudent.checkpoint.storage import CheckpointStorage, default_location, open_storage
-from prudent.errors import ConfigError
-from prudent.events import Component, EventKind
-from prudent.launch import ENV_S3_ENDPOINT_URL
+from prudent.kernel.errors import ConfigError
+from prudent.kernel.events import Component, EventKind
+from prudent.launch.spec import ENV_S3_ENDPOINT_URL
 from prudent.record.attempt import begin_attempt, host_name
 from prudent.record.format import (
     FOLDER,
@@ -38,8 +38,8 @@ from prudent.record.importer import ImportResult, merge_into, read_record
 from prudent.record.rows import Cursor, event_key, metric_key, newest_ids, rows_after
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
-    from prudent.stop import StopReason
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.stop import StopReason
 
 __all__ = ["RecordSync"]
 

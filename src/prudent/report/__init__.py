@@ -19,7 +19,7 @@ from a clone ``npm ci --prefix src/prudent/report`` (scripts/setup.sh) for the b
 
 from __future__ import annotations
 
-from prudent.lazy import lazy_exports
+from prudent.kernel.lazy import lazy_exports
 
 __all__ = ["create_app", "open_readonly", "page_html", "run_page", "runs_page", "study_page"]
 

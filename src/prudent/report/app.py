@@ -21,19 +21,19 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 from prudent.report.pages import compare_page, run_page, runs_page
 from prudent.report.reader import ReadOnlyStore
 from prudent.report.render import BUNDLES, asset, chart_js, page_html, to_json
 from prudent.report.study import list_studies, study_page
-from prudent.store import resolve_run
+from prudent.store.database import resolve_run
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
 
-    from prudent.config import ProjectSettings
+    from prudent.wiring.config import ProjectSettings
 
 __all__ = ["create_app"]
 

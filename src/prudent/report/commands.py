@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
-from prudent.config import load_settings
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
+from prudent.wiring.config import load_settings
 
 __all__ = ["LOCAL_HOSTS", "access", "host_warning", "report", "ui"]
 
@@ -41,7 +41,7 @@ def report(
     from prudent.report.reader import open_readonly
     from prudent.report.render import page_html
     from prudent.report.study import study_page
-    from prudent.store import resolve_run
+    from prudent.store.database import resolve_run
 
     if (run_ref is None) == (study is None):
         raise typer.BadParameter("give a RUN or --study NAME (one of them)",

@@ -20,8 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from prudent.report.reader import ReadOnlyStore
-from prudent.store import ROLLUP_WIDTHS, metric_rollup
-from prudent.store import metrics as metrics_table
+from prudent.store.database import ROLLUP_WIDTHS, metric_rollup
+from prudent.store.database import metrics as metrics_table
 
 __all__ = ["DEFAULT_BUCKETS", "PROFILE_PREFIX", "Series", "envelope", "profile_timeline",
            "run_series"]

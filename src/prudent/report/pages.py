@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from prudent.loop_times import TOKENS
+from prudent.kernel.loop_times import TOKENS
 from prudent.profile.summary import attempts
 from prudent.report.downsample import PROFILE_PREFIX, profile_timeline, run_series
 from prudent.report.reader import ReadOnlyStore

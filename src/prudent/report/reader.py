@@ -16,8 +16,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from prudent.errors import ConfigError, StoreError, StoreUnavailable
-from prudent.store import SCHEMA_VERSION, Store, database_url, describe_error, mask_url
+from prudent.kernel.errors import ConfigError, StoreError, StoreUnavailable
+from prudent.store.database import SCHEMA_VERSION, Store, database_url, describe_error, mask_url
 
 __all__ = ["ReadOnlyStore", "open_readonly"]
 
@@ -49,7 +49,7 @@ class ReadOnlyStore(Store):
         """The newest value of each named metric: ``last_metrics`` for a run whose names are
         known, read backwards from the newest row (one short index walk per name, not a scan
         of a million-row run)."""
-        from prudent.store import metrics
+        from prudent.store.database import metrics
 
         found = {}
         for name in names:
@@ -64,7 +64,7 @@ class ReadOnlyStore(Store):
         """Whether the store's ``metric_rollup`` holds the run's metric rows (it was written by
         a prudent that keeps one): its first and newest rows are each in a rolled-up bucket.
         Two index probes, never a pass over the rows."""
-        from prudent.store import ROLLUP_WIDTHS, metric_rollup, metrics
+        from prudent.store.database import ROLLUP_WIDTHS, metric_rollup, metrics
 
         if not self._has_rollup():
             return False
@@ -86,7 +86,7 @@ class ReadOnlyStore(Store):
         """The newest value of each metric of the run (the runs table): from the rollup's few
         widest buckets (the newest by wall time, then step) when it covers the run, else a pass
         over the run's rows (``Store.last_metrics``)."""
-        from prudent.store import ROLLUP_WIDTHS, metric_rollup
+        from prudent.store.database import ROLLUP_WIDTHS, metric_rollup
 
         if not self.rollup_covers(run_id):
             return super().last_metrics(run_id)
@@ -98,7 +98,7 @@ class ReadOnlyStore(Store):
 
     def rollup_names(self, run_id: str) -> set[str] | None:
         """The run's metric names from the rollup (a few rows), None when it has none."""
-        from prudent.store import ROLLUP_WIDTHS, metric_rollup
+        from prudent.store.database import ROLLUP_WIDTHS, metric_rollup
 
         if not self.rollup_covers(run_id):
             return None
@@ -109,7 +109,7 @@ class ReadOnlyStore(Store):
 
     def _has_rollup(self) -> bool:
         """The rollup table is there, of this prudent's shape (another is read around)."""
-        from prudent.store import metric_rollup
+        from prudent.store.database import metric_rollup
 
         def shaped(conn: sa.Connection) -> bool:
             inspector = sa.inspect(conn)
@@ -123,7 +123,7 @@ class ReadOnlyStore(Store):
 
     def metrics_token(self, run_id: str) -> str:
         """Changes whenever the run gains a metric or an event: what the live page polls."""
-        from prudent.store import events, metrics
+        from prudent.store.database import events, metrics
 
         newest = sa.select(sa.func.coalesce(sa.func.max(metrics.c.id), 0)).where(
             metrics.c.run_id == run_id).scalar_subquery()

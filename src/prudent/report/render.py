@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["asset", "bundle_for", "chart_js", "page_html", "plotly_js", "to_json"]
 

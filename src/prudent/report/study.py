@@ -11,10 +11,10 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 if TYPE_CHECKING:
-    from prudent.config import ProjectSettings
+    from prudent.wiring.config import ProjectSettings
 
 __all__ = ["list_studies", "study_page"]
 

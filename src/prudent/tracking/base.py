@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["Row", "RunInfo", "TrackerRefused", "TrackerSink", "event_payload", "event_text", "flat_params", "require"]
 

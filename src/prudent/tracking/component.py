@@ -19,14 +19,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from prudent.events import Component
+from prudent.kernel.events import Component
 from prudent.tracking.base import RunInfo, TrackerSink
 from prudent.tracking.dispatch import TrackingDispatcher
 from prudent.tracking.settings import TrackingSettings
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
-    from prudent.stop import StopReason
+    from prudent.kernel.context import RunContext
+    from prudent.kernel.stop import StopReason
 
 __all__ = ["TrackingComponent", "build_sinks", "picked_up_sinks"]
 

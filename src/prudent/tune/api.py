@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["tune"]
 
@@ -33,10 +33,10 @@ def tune(fn_or_command: str | Sequence[str] | Callable[[], Any], *,
     result is the same dictionary as ``prudent study NAME --json`` (``best_params``, ...).
     Raises :class:`~prudent.ConfigError` on bad input and ``PolicyViolation`` if refused.
     """
-    from prudent.config import load_settings
     from prudent.cost.launch import check_launch
     from prudent.tune.strategy import DEFAULT_PRUNER, DEFAULT_SAMPLER
     from prudent.tune.tuner import TuneOptions, Tuner
+    from prudent.wiring.config import load_settings
 
     options = TuneOptions(
         command=_command(fn_or_command), space=space if isinstance(space, Mapping) else str(space),

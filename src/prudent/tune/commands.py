@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 __all__ = ["study", "tune"]
 
@@ -84,16 +84,16 @@ def tune(
 
     Example: prudent tune --space space.yaml --objective val_acc --trials 2 -- python train.py
     """
-    from prudent.training_command import refuse_option_as_program
+    from prudent.launch.training_command import refuse_option_as_program
 
     refuse_option_as_program(context, command)
-    from prudent.config import load_settings
     from prudent.cost import commands as cost_commands
-    from prudent.hparams import parse_set_args
-    from prudent.launch import LaunchSpec
+    from prudent.kernel.units import parse_duration_s, parse_usd
+    from prudent.launch.spec import LaunchSpec
     from prudent.tune.strategy import DEFAULT_PRUNER, DEFAULT_SAMPLER
     from prudent.tune.tuner import TuneOptions, Tuner, parse_enqueue
-    from prudent.units import parse_duration_s, parse_usd
+    from prudent.wiring.config import load_settings
+    from prudent.wiring.hparams import parse_set_args
 
     cost = cost_commands.cost_settings(instance, spot, None, None, None, policy)
     options = TuneOptions(
@@ -127,9 +127,9 @@ def study(
     """
     from pathlib import Path
 
-    from prudent.config import load_settings
     from prudent.tune.report import print_summary, summarize, write_plots
     from prudent.tune.study import load, open_storage, storage_url, validate_study_name
+    from prudent.wiring.config import load_settings
 
     settings = load_settings(config)
     validate_study_name(name)

@@ -79,7 +79,7 @@ def open_rdb(url: str, interval_s: int | None) -> optuna.storages.RDBStorage:
     import optuna
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-    from prudent.store import database_url
+    from prudent.store.database import database_url
 
     options = heartbeat_options(interval_s) if interval_s else {}
     for attempt in range(4):
@@ -188,7 +188,7 @@ class MachinesLock:
             return
         import sqlalchemy as sa
 
-        from prudent.store import database_url
+        from prudent.store.database import database_url
 
         if self._engine is None:
             self._engine = sa.create_engine(database_url(self.url), poolclass=sa.pool.NullPool)

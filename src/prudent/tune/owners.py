@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from prudent.launch import ENV_RUN_ID
+from prudent.launch.spec import ENV_RUN_ID
 
 __all__ = ["created_at", "owner_alive", "pid_runs"]
 

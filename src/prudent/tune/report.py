@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import optuna
 
-    from prudent.config import ProjectSettings
+    from prudent.wiring.config import ProjectSettings
 
 __all__ = ["print_summary", "reported_unit", "summarize", "write_plots"]
 
@@ -117,7 +117,7 @@ def _trial(t: optuna.trial.FrozenTrial, run: dict[str, Any] | None,
 
 def _live_runs(study: optuna.Study, settings: ProjectSettings | None) -> dict[str, dict[str, Any]]:
     """Run records of trials still without a final cost (running ones)."""
-    from prudent.store import Store
+    from prudent.store.database import Store
 
     ids = [t.user_attrs["run_id"] for t in study.get_trials(deepcopy=False)
            if "run_id" in t.user_attrs and "cost_usd" not in t.user_attrs]

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prudent.config import read_yaml_file
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
+from prudent.wiring.config import read_yaml_file
 
 if TYPE_CHECKING:
     import optuna

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 if TYPE_CHECKING:
     import optuna

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prudent.errors import ConfigError
+from prudent.kernel.errors import ConfigError
 
 if TYPE_CHECKING:
     import optuna

@@ -1,7 +1,7 @@
 """Inside a trial's training process: report each logged objective to the study, prune on cue.
 
 The tuner launches the user's unchanged script with the trial in its launch spec; the
-component below is then plugged in by default (``components.py``), so every ``run.log(...)``
+component below is then plugged in by default (``wiring/components.py``), so every ``run.log(...)``
 carrying the objective becomes ``trial.report(value, step=...)``: at the number of epochs done
 in a loop with ``run.epochs``, at the optimizer step of the ``run.log`` in an iteration loop
 (nanoGPT's ``for it in range(max_iters)``), so the pruner sees every evaluation. When the
@@ -17,12 +17,12 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from prudent.events import Component
-from prudent.launch import ENV_TUNE_TRIAL, LaunchSpec, TrialSpec
-from prudent.stop import StopKind, StopReason
+from prudent.kernel.events import Component
+from prudent.kernel.stop import StopKind, StopReason
+from prudent.launch.spec import ENV_TUNE_TRIAL, LaunchSpec, TrialSpec
 
 if TYPE_CHECKING:
-    from prudent.context import RunContext
+    from prudent.kernel.context import RunContext
     from prudent.monitor.settings import MonitorSettings
 
 __all__ = ["ENV_TRIAL", "SICK_RULES", "UNIT_ATTR", "TrialReporter", "TrialStepBudget",

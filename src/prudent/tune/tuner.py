@@ -17,12 +17,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from prudent.config import ProjectSettings
-from prudent.errors import ConfigError
-from prudent.launch import LaunchSpec
-from prudent.spawn import SignalForwarder, spawn
+from prudent.kernel.errors import ConfigError
+from prudent.launch.spawn import SignalForwarder, spawn
+from prudent.launch.spec import LaunchSpec
 from prudent.tune.space import SearchSpace, load_space
 from prudent.tune.strategy import DEFAULT_PRUNER, DEFAULT_SAMPLER, PRUNERS, SAMPLERS
+from prudent.wiring.config import ProjectSettings
 
 __all__ = ["TuneOptions", "Tuner", "parse_enqueue"]
 
@@ -338,7 +338,7 @@ def _create_or_load(name: str, url: str, meta: Mapping[str, Any]) -> Any:
     """The study, created by one machine only when several start at once on a database."""
     import sqlalchemy as sa
 
-    from prudent.store import describe_error, mask_url
+    from prudent.store.database import describe_error, mask_url
     from prudent.tune.machines import MachinesLock
     from prudent.tune.study import create_or_load, open_storage
 
@@ -373,7 +373,7 @@ def _measured(study: Any, settings: ProjectSettings, unit: str = "epoch"
               ) -> tuple[int | None, float | None]:
     """The most epochs (or steps) a completed trial ran, and the mean seconds per epoch (or
     step) of finished trials."""
-    from prudent.store import Store
+    from prudent.store.database import Store
 
     finished = [t for t in study.get_trials(deepcopy=False)
                 if t.state.is_finished() and t.user_attrs.get("run_id")]

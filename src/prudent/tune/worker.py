@@ -9,7 +9,7 @@ under the same run id, keeping its number: no trial is lost or run twice. A tria
 machine vanished stops beating; a worker on another machine fails it and resumes its run from
 its checkpoint as Optuna's retry of it (:mod:`prudent.tune.machines`).
 
-Run as ``python -m prudent.tune.worker`` with the job in its launch spec (``launch.py``).
+Run as ``python -m prudent.tune.worker`` with the job in its launch spec (``launch/spec.py``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prudent.errors import ConfigError, ExitCode
-from prudent.events import EventKind
-from prudent.launch import ENV_TUNE_JOB, LaunchSpec, TrialSpec
-from prudent.stop import StopKind, StopReason
-from prudent.supervisor import Supervisor
+from prudent.kernel.errors import ConfigError, ExitCode
+from prudent.kernel.events import EventKind
+from prudent.kernel.stop import StopKind, StopReason
+from prudent.launch.spec import ENV_TUNE_JOB, LaunchSpec, TrialSpec
+from prudent.launch.supervisor import Supervisor
 from prudent.tune.owners import created_at, owner_alive, pid_runs
 
 __all__ = ["ENV_JOB", "FATAL_CODE", "TuneJob", "main"]
@@ -89,13 +89,13 @@ class FatalStudyError(ConfigError):
 
 class Worker:
     def __init__(self, job: TuneJob, index: int = 0) -> None:
-        from prudent.config import load_settings
         from prudent.record.attempt import host_name
-        from prudent.store import Store
+        from prudent.store.database import Store
         from prudent.tune.machines import MachinesLock
         from prudent.tune.space import load_space
         from prudent.tune.strategy import make_pruner, make_sampler
         from prudent.tune.study import load, meta_of, open_storage
+        from prudent.wiring.config import load_settings
 
         self.job, self.index = job, index
         self.settings = load_settings(job.config_path)
@@ -445,7 +445,7 @@ def _pruned_by(store: Any, run_id: str, stop: StopReason) -> str:
 
 def _unread_config(store: Any, run_id: str) -> str | None:
     """The message of the trial's ``config/unread`` event: a value of the trial that the
-    script did not read (see ``unread_config.py``); None when it read them all."""
+    script did not read (see ``watches/unread_config.py``); None when it read them all."""
     for event in store.events(run_id):
         if (event["kind"], event["name"]) == (EventKind.CONFIG.value, "unread"):
             return str(event["message"])[:500]

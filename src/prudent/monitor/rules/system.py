@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from prudent.kernel.units import parse_duration_s
 from prudent.monitor.base import (
     ActionName,
     Finding,
@@ -17,7 +18,6 @@ from prudent.monitor.base import (
     action_default,
     warmup_default,
 )
-from prudent.units import parse_duration_s
 
 __all__ = ["MemoryGrowthRule", "StalledRule"]
 
