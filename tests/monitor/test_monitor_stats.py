@@ -260,6 +260,21 @@ def test_activation_probe_finds_dead_relus_and_removes_its_hooks() -> None:
     assert sample.step == 2 and sample.inactive == {"1": 1.0} and sample.kinds == {"1": "dead"}
 
 
+def test_a_unit_is_dead_when_no_example_fired_it_in_any_layout() -> None:
+    """(N, F), (N, T, F) and convolutions' (N, C, H, W): a unit fires when any of its values
+    is above 0; a NaN is non_finite's to name, so its unit is not called dead."""
+    from prudent.monitor.activations import _alive_units
+
+    dense = torch.tensor([[0.0, 2.0, -1.0, float("nan")], [0.0, 0.0, 3.0, -1.0]])
+    assert _alive_units(dense, "dead").tolist() == [False, True, True, True]
+    tokens = torch.zeros(2, 3, 4)
+    tokens[1, 2, 1] = 0.5
+    assert _alive_units(tokens, "dead").tolist() == [False, True, False, False]
+    maps = torch.zeros(2, 3, 4, 4)
+    maps[0, 2, 3, 3] = 1.0
+    assert _alive_units(maps, "dead").tolist() == [False, False, True]
+
+
 def test_small_batches_extend_an_activation_sample_until_enough_examples() -> None:
     model = nn.Sequential(nn.Linear(8, 4), nn.Sigmoid(), nn.Linear(4, 2))
     stats = StepStats(MonitorSettings(sample_every_steps=100))
