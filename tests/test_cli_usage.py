@@ -120,10 +120,27 @@ def test_usage_error_writes_nothing(tmp_path):
 
 
 def test_prudent_error_is_still_one_line_and_exit_2(tmp_path):
+    from prudent.store.database import Store
+
+    (tmp_path / ".prudent").mkdir()
+    Store(f"sqlite:///{tmp_path / '.prudent' / 'prudent.db'}").close()
     result = _prudent(tmp_path, "show", "no-such-run")
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("prudent: error: no run 'no-such-run'"), result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_reading_commands_on_a_fresh_home_say_so_and_make_no_store(tmp_path):
+    """A mistyped PRUDENT_HOME must not leave an empty store behind a `prudent show`."""
+    for args in (["show", "latest"], ["profile", "latest"]):
+        result = _prudent(tmp_path, *args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("prudent: error: no run store at "), result.stderr
+        assert "PRUDENT_HOME" in result.stderr
+    listed = _prudent(tmp_path, "runs")
+    assert listed.returncode == 0 and listed.stdout.startswith("no runs yet"), listed
+    assert _prudent(tmp_path, "runs", "--json").stdout.strip() == "[]"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_help_exits_0(tmp_path):

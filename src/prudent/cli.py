@@ -185,10 +185,13 @@ def runs(
 
     Example: prudent runs --limit 5
     """
-    store = _open_store(config)
-    rows = [_summary(store, r) for r in store.list_runs(limit)]
+    store = _store_if_any(config)
+    rows = [] if store is None else [_summary(store, r) for r in store.list_runs(limit)]
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
+        return
+    if store is None:
+        typer.echo("no runs yet: start one with prudent run -- python train.py")
         return
     table = Table("status", "stop reason", "duration", "steps", "restarts", "cost $",
                   "last metrics")
@@ -263,14 +266,18 @@ def _profile_of(events: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, li
 
 def _open_store(config: str | None) -> Store:
     """The store for a command that only reads it: read-only (an archive on read-only media, a
-    store another process is writing), or made empty when there is none yet."""
+    store another process is writing). None there yet: the error naming where it looked and
+    the fix (a read never makes one: a mistyped PRUDENT_HOME would leave an empty store)."""
     from prudent.report.reader import open_readonly
 
-    settings = load_settings(config).store
+    return open_readonly(load_settings(config).store)
+
+
+def _store_if_any(config: str | None) -> Store | None:
     try:
-        return open_readonly(settings)
-    except ConfigError:  # no store yet: an empty one, as the first run would make
-        return Store.open(settings)
+        return _open_store(config)
+    except ConfigError:  # no store yet (open_readonly's only error)
+        return None
 
 
 def _summary(store: Store, run: dict[str, Any]) -> dict[str, Any]:
