@@ -23,7 +23,7 @@ import typer
 from prudent.kernel.errors import ConfigError, ExitCode
 from prudent.launch.spawn import spawn
 from prudent.launch.spec import ENV_SUPERVISED, LaunchSpec, ReplaySpec
-from prudent.store.database import Store, resolve_run
+from prudent.store.database import Store, resolve_run, run_folder
 from prudent.wiring.config import ProjectSettings, load_settings
 
 __all__ = ["replay", "replay_command"]
@@ -118,7 +118,7 @@ def _prepare_step(settings: ProjectSettings, ref: str, step: int
         store.close()
     replay_id = new_run_id(f"replay-{record.get('name') or run_id}")
     home = Path(settings.store.home).resolve()
-    target = home / "runs" / replay_id / "checkpoints"
+    target = run_folder(home, replay_id) / "checkpoints"
     copied = _copy_checkpoint_before(settings, home, run_id, step, target)
     given = {**_QUIET, ("debug", "enabled"): "1", ("checkpoint", "enabled"): "1",
              ("checkpoint", "url"): str(target), ("checkpoint", "every"): "off"}
@@ -134,7 +134,7 @@ def _copy_checkpoint_before(settings: ProjectSettings, home: Path, run_id: str, 
     from prudent.checkpoint.writer import MANIFEST_FILE, load_latest
 
     source = open_storage(settings.checkpoint.location(
-        run_id, str(home / "runs" / run_id / "checkpoints")))
+        run_id, str(run_folder(home, run_id) / "checkpoints")))
     loaded = load_latest(_StepsBefore(source, step))
     if loaded is None or not loaded.payload:
         return None
@@ -191,7 +191,7 @@ def _launch(command: list[str], spec: LaunchSpec) -> int:
 def _read_report(settings: ProjectSettings, replay_id: str) -> dict[str, Any] | None:
     from prudent.debug.replay import REPORT_FILE
 
-    path = Path(settings.store.home).resolve() / "runs" / replay_id / REPORT_FILE
+    path = run_folder(settings.store.home, replay_id) / REPORT_FILE
     try:
         return json.loads(path.read_text())  # type: ignore[no-any-return]
     except (OSError, ValueError):

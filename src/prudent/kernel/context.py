@@ -30,7 +30,7 @@ from prudent.kernel.signals import SignalStopper
 from prudent.kernel.state import RunState
 from prudent.kernel.step_values import StepValues
 from prudent.kernel.stop import ExitCode, StopKind, StopReason, exit_bad_input
-from prudent.store.database import LOCKED_WAIT_S, Store
+from prudent.store.database import LOCKED_WAIT_S, Store, run_folder
 from prudent.store.writer import NullWriter, StoreWriter
 
 __all__ = ["RunContext"]
@@ -404,7 +404,7 @@ class RunContext:
     @property
     def run_dir(self) -> Path:
         """``$PRUDENT_HOME/runs/<id>``: this run's files (checkpoints, traces, reports)."""
-        path = self._home.resolve() / "runs" / self.id
+        path = run_folder(self._home, self.id)
         path.mkdir(parents=True, exist_ok=True)
         return path
 

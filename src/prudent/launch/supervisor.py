@@ -32,7 +32,7 @@ from prudent.kernel.stop import ENV_LAUNCHER_ERROR_FILE, StopReason
 from prudent.kernel.units import validate_run_id
 from prudent.launch.spawn import SignalForwarder, spawn
 from prudent.launch.spec import LaunchSpec, host_name
-from prudent.store.database import LOCKED_WAIT_S, Store
+from prudent.store.database import LOCKED_WAIT_S, Store, run_folder
 from prudent.wiring.config import ProjectSettings
 from prudent.wiring.session import job_run_id as session_job_run_id
 from prudent.wiring.session import new_run_id
@@ -108,7 +108,7 @@ class Supervisor:
         from prudent.checkpoint.storage import default_location, open_storage
         from prudent.record.importer import read_record
 
-        run_dir = Path(self.settings.store.home).resolve() / "runs" / self.run_id
+        run_dir = run_folder(self.settings.store.home, self.run_id)
         location = self.settings.checkpoint.location(
             self.run_id, default_location(self.run_id, run_dir))
         if "://" not in location and not Path(location).is_dir():

@@ -38,6 +38,7 @@ from prudent.launch.spec import (
     PreflightSpec,
     setting_var,
 )
+from prudent.store.database import run_folder
 
 __all__ = ["PhaseResult", "PreflightResult", "PreflightRunner", "choose_stop_step"]
 
@@ -157,7 +158,7 @@ class PreflightRunner:
     def _forget(self, run_id: str) -> None:
         """Remove a run's checkpoints and records, so that its id starts afresh."""
         shutil.rmtree(self._home / "checkpoints" / f"preflight-{run_id}", ignore_errors=True)
-        shutil.rmtree(self._home / "runs" / f"preflight-{run_id}", ignore_errors=True)
+        shutil.rmtree(run_folder(self._home, f"preflight-{run_id}"), ignore_errors=True)
 
     # processes ------------------------------------------------------------------------------
     def _start(self, phase: str, run_id: str, stop_at: int | None = None) -> _Process:

@@ -41,7 +41,7 @@ def report(
     from prudent.report.reader import open_readonly
     from prudent.report.render import page_html
     from prudent.report.study import study_page
-    from prudent.store.database import resolve_run
+    from prudent.store.database import resolve_run, run_folder
 
     if (run_ref is None) == (study is None):
         raise typer.BadParameter("give a RUN or --study NAME (one of them)",
@@ -61,7 +61,7 @@ def report(
             data = run_page(store, run_id, home)
         finally:
             store.close()
-        target = Path(output) if output else home / "runs" / run_id / "report.html"
+        target = Path(output) if output else run_folder(home, run_id) / "report.html"
         html = page_html(data, f"{data['run']['name']} ({run_id})", inline=True)
         lines = [data["verdict"]]
     _write(target, html)

@@ -19,6 +19,7 @@ from prudent.kernel.loop_times import TOKENS
 from prudent.profile.summary import attempts
 from prudent.report.downsample import PROFILE_PREFIX, profile_timeline, run_series
 from prudent.report.reader import ReadOnlyStore
+from prudent.store.database import run_folder
 
 __all__ = ["MARKER_KINDS", "compare_page", "marker_kind", "run_page", "runs_page", "verdict"]
 
@@ -182,7 +183,7 @@ def _timeline(store: ReadOnlyStore, home: str | Path | None, run: dict[str, Any]
     seconds): from the run's ``profile.json`` when its folder is on this machine, else from
     the store (a run that ran elsewhere, or is still running)."""
     if home is not None:
-        path = Path(home).resolve() / "runs" / run["id"] / "profile.json"
+        path = run_folder(home, run["id"]) / "profile.json"
         try:
             return list(json.loads(path.read_text()).get("timeline") or [])
         except (OSError, ValueError, AttributeError):

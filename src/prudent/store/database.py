@@ -38,7 +38,8 @@ from sqlalchemy.exc import (
 
 from prudent.kernel.errors import ConfigError, StoreError, StoreLocked, StoreUnavailable
 
-__all__ = ["LOCKED_WAIT_S", "SCHEMA_VERSION", "Store", "StoreSettings", "mask_url", "resolve_run"]
+__all__ = ["LOCKED_WAIT_S", "SCHEMA_VERSION", "Store", "StoreSettings", "mask_url", "resolve_run",
+           "run_folder"]
 
 log = logging.getLogger("prudent.store")
 
@@ -756,6 +757,12 @@ def _merge(into: list[Any], other: Sequence[Any]) -> None:
         else:
             into[4], into[5] = min(into[4], other[4]), max(into[5], other[5])
             into[6] += other[6]
+
+
+def run_folder(home: str | Path, run_id: str) -> Path:
+    """A run's own folder under the store's home (``$PRUDENT_HOME/runs/<id>``): its
+    checkpoints and record, captures, traces, profile and report."""
+    return Path(home).resolve() / "runs" / run_id
 
 
 def resolve_run(store: Store, ref: str) -> str:

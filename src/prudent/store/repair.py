@@ -175,11 +175,12 @@ def _from_records(store: Any, home: Path) -> dict[str, int]:
     from their records (name, status and spend from the newest attempt)."""
     from prudent.checkpoint.storage import LocalStorage
     from prudent.record.importer import merge_into, read_record
+    from prudent.store.database import run_folder
 
     added = {"runs": 0, "events": 0, "metrics": 0}
     for run_id in _runs_with_records(home):
         try:
-            record = read_record(LocalStorage(home / "runs" / run_id / "checkpoints"), run_id)
+            record = read_record(LocalStorage(run_folder(home, run_id) / "checkpoints"), run_id)
         except ConfigError as exc:
             print(f"prudent: warning: {exc}; that run's record is left out", flush=True)
             continue
