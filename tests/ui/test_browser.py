@@ -179,6 +179,9 @@ def test_compare_overlays_curves_and_highlights_config_differences(
     assert {t["name"] for t in _traces(page, "loss")} == {"ui-train (ok)", "ui-train (nan)"}
     differing = page.locator("#config tr.diff td:first-child").all_inner_texts()
     assert differing == ["nan_at"]
+    chart = page.locator('.curve[data-metric="loss"]')
+    legend, title = chart.locator(".legend").bounding_box(), chart.locator(".xtitle").bounding_box()
+    assert legend and title and title["y"] + title["height"] <= legend["y"], (title, legend)
     _shoot(page, screenshots, "compare")
 
 

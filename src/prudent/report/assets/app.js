@@ -520,8 +520,10 @@
       const values = found.flatMap((s) => (s ? s.values : []));
       const positive = finite(values).length > 0 && finite(values).every((v) => v > 0);  // a log axis needs it
       const log = positive && (VIEW.log === 'log' || (VIEW.log === 'auto' && (/loss/i.test(n) || logScale(found.filter(Boolean)))));
+      // the legend (run names) below the axis title, not on it
       plot(curves.children[i], traces, {title: {text: plotText(n), x: 0.01, font: {size: 14}}, showlegend: true,
-        xaxis: {title: {text: 'step'}}, yaxis: yAxis(values, log)});
+        xaxis: {title: {text: 'step'}}, yaxis: yAxis(values, log), height: 340,
+        margin: {l: 55, r: 20, t: 30, b: 90}, legend: {orientation: 'h', y: -0.3, yanchor: 'top'}});
     });
     filterCharts();
   }
