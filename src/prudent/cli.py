@@ -266,8 +266,9 @@ def _profile_of(events: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, li
 
 def _open_store(config: str | None) -> Store:
     """The store for a command that only reads it: read-only (an archive on read-only media, a
-    store another process is writing). None there yet: the error naming where it looked and
-    the fix (a read never makes one: a mistyped PRUDENT_HOME would leave an empty store)."""
+    store another process is writing). When there is none yet, an error that names where it
+    looked and the fix: a read never makes one (a mistyped PRUDENT_HOME would leave an empty
+    store behind)."""
     from prudent.report.reader import open_readonly
 
     return open_readonly(load_settings(config).store)
