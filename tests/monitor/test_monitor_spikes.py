@@ -42,7 +42,7 @@ def test_a_lasting_spike_fires_with_the_step_it_began() -> None:
     spike = steady(101, 10, level=3.0)
     finding = rule.check(spike)
     assert finding is not None and finding.since == 101 and finding.step == 105
-    assert "for 5 updated steps since step 101" in finding.message
+    assert "for 5 steps since step 101" in finding.message
     assert rule.check(steady(111, 10)) is None  # the baseline from before the spike stayed
 
 

@@ -239,12 +239,10 @@ class LossSpikeRule(Rule):
         mean = self._moving_mean()
         if (mean is not None and mean > 0 and loss >= s.factor * mean
                 and loss >= mean + s.min_sigmas * self._at(step)[3] and self.active_at(step)):
-            # the spike begins at its first step; a step whose update was skipped is repaired
-            # (the weights never saw it): it neither grows the streak nor ends it
-            self.streak_start = step if self.streak_start is None else self.streak_start
-            if skipped:
+            if skipped:  # repaired: the weights never saw it (the streak neither grows nor ends)
                 return None
             self.streak += 1
+            self.streak_start = self.streak_start if self.streak > 1 else step
             if self.streak >= s.patience:
                 return self._fire(step, loss, mean)
             return None
@@ -261,7 +259,7 @@ class LossSpikeRule(Rule):
         start = self.streak_start if self.streak_start is not None else step
         finding = Finding(step, loss, self.settings.factor * mean, (
             f"loss spike: the loss has been >= {self.settings.factor:g}x its moving mean "
-            f"{fmt(mean)} for {self.streak} updated steps since step {start} (now {fmt(loss)} at "
+            f"{fmt(mean)} for {self.streak} steps since step {start} (now {fmt(loss)} at "
             f"step {step})"), since=start)
         self.streak, self.streak_start = 0, None  # the baseline from before the spike stays
         self._set_threshold()
