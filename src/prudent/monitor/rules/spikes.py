@@ -41,15 +41,12 @@ class LossSpikeSettings(RuleSettings):
     sigmas: float = Field(6.0, gt=0, description="With action skip: a step whose loss is more "
                           "than this many standard deviations above the moving mean has its "
                           "optimizer update skipped (OLMo-core: 6).")
-    max_skips: int = Field(10, ge=1, description="At most this many skipped updates per window "
-                           "(a bad shard's run of 10 batches in a row is skipped whole); past "
-                           "that, the outliers are a spike that lasts, not a bad batch.")
+    max_skips: int = Field(4, ge=1, description="At most this many skipped updates per window; "
+                           "past that, the outliers are a spike that lasts, not a bad batch.")
     factor: float = Field(2.0, gt=1, description="A spike: the loss is at least this multiple "
                           "of its moving mean (llm-foundry: 2)...")
-    patience: int = Field(5, ge=1, description="...for this many updated steps in a row "
-                          "(llm-foundry: 5). A step whose update was skipped was repaired, "
-                          "not counted: repair before stop, the skips' budget goes first. "
-                          "Then the action runs (rollback).")
+    patience: int = Field(5, ge=1, description="...for this many steps in a row (llm-foundry: "
+                          "5), skipped steps included. Then the action runs (rollback).")
     min_sigmas: float = Field(3.0, ge=0, description="...and each of those steps at least this "
                               "many standard deviations above the moving mean: a loss near its "
                               "floor has batches at 2x its mean all the time (a digits "
@@ -84,7 +81,6 @@ class LossSpikeRule(Rule):
         # a grid step g applies from g + grid + 1
         self.thresholds: list[list[Any]] = [[0, math.inf, None, 0.0, 0]]
         self._sum = 0.0  # of recent, kept as losses come and go
-        self._repaired: frozenset[int] = frozenset()  # the window's skipped updates, all rules'
 
     def fit(self, planned_steps: int) -> str | None:
         # warm-up: at least the window is filled, at most a tenth of the run
@@ -147,7 +143,6 @@ class LossSpikeRule(Rule):
     # per window ---------------------------------------------------------------------------
     def check(self, window: Window) -> Finding | None:
         finite, grid = window.finite_losses(), self.check_grid
-        self._repaired = window.repaired  # every rule's skipped updates, not only this one's
         if not grid:
             return self._check_part(finite, None)
         # the window's steps up to each grid step it reaches, a threshold worked out there (as
@@ -182,7 +177,7 @@ class LossSpikeRule(Rule):
     def _judge_each(self, finite: list[tuple[int, float]]) -> Finding | None:
         """:meth:`_judge` on each step, inlined (a healthy loss near its floor has a batch at
         2x its mean every few dozen steps: most windows come here, ~100 steps each)."""
-        s, recent, skipped = self.settings, self.recent, self._repaired.union(self.skipped)
+        s, recent, skipped = self.settings, self.recent, set(self.skipped)
         # a hair below factor: rounding never hides a spike step from _judge, which decides
         factor, warmup, least = s.factor * (1 - 1e-9), s.warmup_steps, min(32, s.window)
         full, total = recent.maxlen, self._sum
@@ -239,8 +234,6 @@ class LossSpikeRule(Rule):
         mean = self._moving_mean()
         if (mean is not None and mean > 0 and loss >= s.factor * mean
                 and loss >= mean + s.min_sigmas * self._at(step)[3] and self.active_at(step)):
-            if skipped:  # repaired: the weights never saw it (the streak neither grows nor ends)
-                return None
             self.streak += 1
             self.streak_start = self.streak_start if self.streak > 1 else step
             if self.streak >= s.patience:
