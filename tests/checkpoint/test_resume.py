@@ -277,6 +277,7 @@ def test_a_resume_after_a_rollback_that_skipped_batches_is_exact(
     # it, and counts it too (stopped again later in the epoch and resumed, it is still exact)
     def settings() -> ProjectSettings:
         return make_settings(tmp_path, monitor={"max_check_every_steps": 10,
+                                                "rules": {"loss_spike": {"max_skips": 1}},
                                                 "actions": {"rollback": {"skip_batches": 8}}},
                              checkpoint={"every": "20steps", "keep": 2})
 

@@ -231,38 +231,51 @@ def test_a_rule_stop_is_checkpointed_shown_and_not_relaunched(fast: dict[str, Ou
         assert "it came back after rollback 1 to step" in stop["message"], stop["message"]
 
 
-def test_a_bad_shard_of_ten_batches_is_rolled_back_past_not_stopped(tmp_path: Path) -> None:
-    """Ten batches of the data in a row with inputs x50 from the 300th batch drawn: loss_spike
-    skips four updates, exploding_gradient four more (by their norms), the ninth and tenth get
-    through and the gradient explodes; the rollback
-    to a checkpoint before the shard (and past its batches) repairs it, and the explosion its
-    rolled-back updates showed is not acted on. The run completes near the untouched one."""
-    outcomes = {}
-    for kind, extra in (("burst", {}), ("untouched", {"MONITOR_HEALTHY": "1"})):
-        project = Project(tmp_path / kind)
-        project.path.mkdir()
-        project.env.update(PRUDENT_RUN_ID=kind, MONITOR_BURST="10", MONITOR_SCALE="50",
-                           MONITOR_ONSET="300", **extra)
-        result = project.python(str(SCRIPTS / "monitor_burst_skip.py"), timeout=300)
-        assert result.returncode == 0, result.stderr[-3000:]
-        store = Store(f"sqlite:///{project.path / '.prudent' / 'prudent.db'}")
-        try:
-            outcomes[kind] = (store.get_run(kind), store.events(kind),
-                              [v for _, v in store.metric_series(kind, "val_loss")])
-        finally:
-            store.close()
-    run, events, val_loss = outcomes["burst"]
+def _burst_run(tmp_path: Path, kind: str, burst: int, **extra: str) -> tuple[
+        dict[str, Any], list[dict[str, Any]], list[float]]:
+    """monitor_burst_skip.py with ``burst`` batches in a row x50 from the 300th batch drawn:
+    the run's row, its events and its val_loss series."""
+    project = Project(tmp_path / kind)
+    project.path.mkdir()
+    project.env.update(PRUDENT_RUN_ID=kind, MONITOR_BURST=str(burst), MONITOR_SCALE="50",
+                       MONITOR_ONSET="300", **extra)
+    result = project.python(str(SCRIPTS / "monitor_burst_skip.py"), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    store = Store(f"sqlite:///{project.path / '.prudent' / 'prudent.db'}")
+    try:
+        return (store.get_run(kind), store.events(kind),
+                [v for _, v in store.metric_series(kind, "val_loss")])
+    finally:
+        store.close()
+
+
+def test_a_bad_shard_is_skipped_whole_or_rolled_back_past_never_stopped(tmp_path: Path) -> None:
+    """A bad shard (batches in a row with inputs x50, from the 300th batch drawn). Ten
+    batches: loss_spike skips all ten updates (repair before stop: a skipped step is not
+    counted toward a spike that lasts while the skips' budget holds), nothing is rolled back,
+    and the run ends as the untouched one does. Twenty: loss_spike skips ten,
+    exploding_gradient four more by their norms, the rest get through and the loss stays
+    up; the rollback to a checkpoint before the shard (and past its batches) repairs it, and
+    the explosion its rolled-back updates showed is not acted on."""
+    _, _, untouched = _burst_run(tmp_path, "untouched", 10, MONITOR_HEALTHY="1")
+    run, events, val_loss = _burst_run(tmp_path, "ten", 10)
+    assert run["status"] == "completed" and run["stop_reason"] is None
+    skips = [e for e in events if e["name"] == "skipped_update"]
+    assert [(e["step"], e["payload"]["rule"]) for e in skips] == [
+        (step, "loss_spike") for step in range(300, 310)]
+    assert not [e for e in events if e["name"] in ("rollback", "repaired")]
+    assert abs(val_loss[-1] - untouched[-1]) / untouched[-1] < 0.01, (val_loss, untouched)
+
+    run, events, val_loss = _burst_run(tmp_path, "twenty", 20)
     assert run["status"] == "completed" and run["stop_reason"] is None
     names = [(e["kind"], e["name"]) for e in events]
-    # four by loss_spike, four more by exploding_gradient's gradient-norm skip
     assert sorted(e["payload"]["rule"] for e in events if e["name"] == "skipped_update") == (
-        ["exploding_gradient"] * 4 + ["loss_spike"] * 4)
+        ["exploding_gradient"] * 4 + ["loss_spike"] * 10)
     assert names.count(("monitor", "rollback")) == 1
     repaired = [e for e in events if (e["kind"], e["name"]) == ("monitor", "repaired")]
     assert repaired and repaired[0]["payload"]["rule"] == "exploding_gradient"
     assert "not acted on: the rollback to step" in repaired[0]["message"]
-    untouched = outcomes["untouched"][2][-1]
-    assert abs(val_loss[-1] - untouched) / untouched < 0.02, (val_loss[-1], untouched)
+    assert abs(val_loss[-1] - untouched[-1]) / untouched[-1] < 0.02, (val_loss, untouched)
 
 
 def test_a_hung_loop_is_stopped_with_every_thread_stack_saved(fast: dict[str, Outcome]) -> None:

@@ -187,6 +187,24 @@ def test_monitor_state_rides_in_the_run_state_and_survives_weights_only_load(hom
     assert divergence.best is not None and math.isfinite(divergence.best)  # type: ignore[attr-defined]
 
 
+def test_the_skipped_updates_not_yet_checked_ride_in_the_state(home: Path) -> None:
+    # a checkpoint between a skipped update and the next check: the resumed run's rules must
+    # still know that step's loss measured an update the weights never saw
+    monitor = Monitor(MonitorSettings())
+    monitor._repaired = [150, 151]
+    restored = Monitor(MonitorSettings())
+    restored.load_state_dict(torch.load(_saved(monitor.state_dict()), weights_only=True))
+    assert restored._repaired == [150, 151]
+    assert restored.state_dict() == monitor.state_dict()
+
+
+def _saved(state: dict[str, Any]) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer
+
+
 def test_where_the_run_started_is_the_median_of_its_first_five_losses_and_is_kept(
         home: Path) -> None:
     run, monitor = monitored_run(home, rules={"non_finite": {"action": ["alert"]}})

@@ -438,6 +438,7 @@ class Monitor(Component):
             steps += self._kept.steps
             losses += [saved_loss(v) for v in self._kept.values]
         return {"pending": {"steps": steps, "losses": losses},
+                "repaired": list(self._repaired),  # the pending steps whose update was skipped
                 "rules": {name: rule.state_dict() for name, rule in self.rules.items()},
                 "actions": {name: a.state_dict() for name, a in self.actions.items()},
                 "muted_until": dict(self._muted_until), "peak_lr": self.stats.peak_lr,
@@ -454,6 +455,7 @@ class Monitor(Component):
         pending = state.get("pending")
         if pending:
             self.stats.restore_pending(pending["steps"], pending["losses"])
+        self._repaired = list(state.get("repaired", []))
         self._muted_until = dict(state.get("muted_until", {}))
         if self._norm_skipper is not None:
             self._norm_bar = self._norm_skipper.loss_bar()

@@ -41,12 +41,15 @@ class LossSpikeSettings(RuleSettings):
     sigmas: float = Field(6.0, gt=0, description="With action skip: a step whose loss is more "
                           "than this many standard deviations above the moving mean has its "
                           "optimizer update skipped (OLMo-core: 6).")
-    max_skips: int = Field(4, ge=1, description="At most this many skipped updates per window; "
-                           "past that, the outliers are a spike that lasts, not a bad batch.")
+    max_skips: int = Field(10, ge=1, description="At most this many skipped updates per window "
+                           "(a bad shard's run of 10 batches in a row is skipped whole); past "
+                           "that, the outliers are a spike that lasts, not a bad batch.")
     factor: float = Field(2.0, gt=1, description="A spike: the loss is at least this multiple "
                           "of its moving mean (llm-foundry: 2)...")
-    patience: int = Field(5, ge=1, description="...for this many steps in a row (llm-foundry: "
-                          "5), skipped steps included. Then the action runs (rollback).")
+    patience: int = Field(5, ge=1, description="...for this many updated steps in a row "
+                          "(llm-foundry: 5). A step whose update was skipped was repaired, "
+                          "not counted: repair before stop, the skips' budget goes first. "
+                          "Then the action runs (rollback).")
     min_sigmas: float = Field(3.0, ge=0, description="...and each of those steps at least this "
                               "many standard deviations above the moving mean: a loss near its "
                               "floor has batches at 2x its mean all the time (a digits "
@@ -81,6 +84,7 @@ class LossSpikeRule(Rule):
         # a grid step g applies from g + grid + 1
         self.thresholds: list[list[Any]] = [[0, math.inf, None, 0.0, 0]]
         self._sum = 0.0  # of recent, kept as losses come and go
+        self._repaired: frozenset[int] = frozenset()  # the window's skipped updates, all rules'
 
     def fit(self, planned_steps: int) -> str | None:
         # warm-up: at least the window is filled, at most a tenth of the run
@@ -143,6 +147,7 @@ class LossSpikeRule(Rule):
     # per window ---------------------------------------------------------------------------
     def check(self, window: Window) -> Finding | None:
         finite, grid = window.finite_losses(), self.check_grid
+        self._repaired = window.repaired  # every rule's skipped updates, not only this one's
         if not grid:
             return self._check_part(finite, None)
         # the window's steps up to each grid step it reaches, a threshold worked out there (as
@@ -177,7 +182,7 @@ class LossSpikeRule(Rule):
     def _judge_each(self, finite: list[tuple[int, float]]) -> Finding | None:
         """:meth:`_judge` on each step, inlined (a healthy loss near its floor has a batch at
         2x its mean every few dozen steps: most windows come here, ~100 steps each)."""
-        s, recent, skipped = self.settings, self.recent, set(self.skipped)
+        s, recent, skipped = self.settings, self.recent, self._repaired.union(self.skipped)
         # a hair below factor: rounding never hides a spike step from _judge, which decides
         factor, warmup, least = s.factor * (1 - 1e-9), s.warmup_steps, min(32, s.window)
         full, total = recent.maxlen, self._sum
@@ -234,8 +239,12 @@ class LossSpikeRule(Rule):
         mean = self._moving_mean()
         if (mean is not None and mean > 0 and loss >= s.factor * mean
                 and loss >= mean + s.min_sigmas * self._at(step)[3] and self.active_at(step)):
+            # the spike begins at its first step; a step whose update was skipped is repaired
+            # (the weights never saw it): it neither grows the streak nor ends it
+            self.streak_start = step if self.streak_start is None else self.streak_start
+            if skipped:
+                return None
             self.streak += 1
-            self.streak_start = self.streak_start if self.streak > 1 else step
             if self.streak >= s.patience:
                 return self._fire(step, loss, mean)
             return None
@@ -252,7 +261,7 @@ class LossSpikeRule(Rule):
         start = self.streak_start if self.streak_start is not None else step
         finding = Finding(step, loss, self.settings.factor * mean, (
             f"loss spike: the loss has been >= {self.settings.factor:g}x its moving mean "
-            f"{fmt(mean)} for {self.streak} steps since step {start} (now {fmt(loss)} at "
+            f"{fmt(mean)} for {self.streak} updated steps since step {start} (now {fmt(loss)} at "
             f"step {step})"), since=start)
         self.streak, self.streak_start = 0, None  # the baseline from before the spike stays
         self._set_threshold()
