@@ -9,7 +9,8 @@ on generated data, CPU), run as its own process in a fresh project folder:
   detection matrix (healthy scripts too, seed 0: what would fire on them);
 * ``default``  prudent's default rules and actions, as a user gets them: what actually stops
   or repairs each sick run, and the compute saved (planned steps not run, as a share of the
-  planned steps of the runs that were stopped); each healthy script over 3 seeds
+  planned steps of the runs that were stopped, and as a share of their sick steps: those
+  from the onset on, the most a stop can save); each healthy script over 3 seeds
   (``MONITOR_SEED``), which must never be stopped or rolled back;
 * ``reference`` the repairable scripts with their sickness off (``MONITOR_HEALTHY=1``): a
   repaired run must end within 2% of its final validation loss.
@@ -259,11 +260,16 @@ def summarise(outcomes: list[Outcome]) -> dict[str, Any]:
     stopped = [r for r in sick if r.get("verdict") == "stopped"]
     planned = sum(r["planned_steps"] for r in stopped)
     saved = sum(r["saved_steps"] for r in stopped)
+    # the steps a stopped run would have run sick (from its onset on): the most a stop can
+    # save, since a sickness cannot be stopped before it begins
+    sick_steps = sum(r["planned_steps"] - r["onset"] for r in stopped if r["onset"] is not None)
+    sick_saved = sum(r["saved_steps"] for r in stopped if r["onset"] is not None)
     return {
         "rows": rows, "sick": len(sick), "healthy": len(healthy),
         "caught": sum(bool(r.get("caught")) for r in sick),
         "stopped_or_repaired": sum(r.get("verdict") in ("stopped", "repaired") for r in sick),
         "compute_saved": saved / planned if planned else None,
+        "sick_steps_saved": sick_saved / sick_steps if sick_steps else None,
         "healthy_runs": sum(len(r.get("seeds", [])) for r in healthy),
         "healthy_stops": sum(r.get("stops", 0) for r in healthy),
         "healthy_rollbacks": sum(r.get("rollbacks", 0) for r in healthy),
@@ -385,12 +391,17 @@ def print_report(summary: dict[str, Any], console: Console) -> None:
     console.print(
         f"sick: caught {summary['caught']}/{summary['sick']} by an intended rule, "
         f"{summary['stopped_or_repaired']}/{summary['sick']} stopped or repaired; compute saved "
-        f"on the stopped runs: {'n/a' if saved is None else f'{saved:.0%}'} of their planned "
-        f"steps. healthy: {summary['healthy_runs']} runs, {summary['healthy_stops']} stops, "
+        f"on the stopped runs: {_share(saved)} of their planned "
+        f"steps, {_share(summary['sick_steps_saved'])} of their sick steps (from the onset "
+        f"on). healthy: {summary['healthy_runs']} runs, {summary['healthy_stops']} stops, "
         f"{summary['healthy_rollbacks']} rollbacks, {summary['healthy_skips']} skipped updates. "
         f"checkpoints: {summary['checkpoints_checked']} loaded, "
         f"{len(summary['bad_checkpoints'])} non-finite; "
         f"{summary['saves_refused_not_finite']} saves refused for NaN/inf")
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
 
 
 def print_bursts(summary: dict[str, Any], console: Console) -> None:
