@@ -297,3 +297,67 @@ def test_a_resume_after_a_rollback_that_skipped_batches_is_exact(
     resumed = spiking_run(settings())
     assert (resumed["status"], resumed["step"]) == ("completed", reference["step"])
     assert same(reference["model"], resumed["model"])
+
+
+def train_evaluated(settings: ProjectSettings, crash_at: int | None = None) -> dict[str, Any]:
+    """The README's loop: an epoch of batches, then the epoch's end as scripts write it (the
+    scheduler stepped per epoch, an evaluation that draws from the global generator, run.log);
+    early stopping keeps a checkpoint of each new best from inside that run.log."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    run = prudent.init(name="r", settings=settings, exit_on_stop=False)
+    run.attach(model=model, optimizer=opt, scheduler=sched)
+    loader = make_loader("global_rng")
+    val_x = torch.randn(64, 8, generator=torch.Generator().manual_seed(9))
+    with run:
+        for _ in run.epochs(4):
+            for x, y in run.batches(loader):
+                loss = F.cross_entropy(model(x), y)
+                run.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                run.step(loss=loss)
+                if run.state.step == crash_at:
+                    raise RuntimeError("the machine goes away")
+            sched.step()
+            model.eval()
+            with torch.no_grad():
+                picked = val_x[torch.randperm(64)[:48]]  # the global generator, as nanoGPT's
+                val_loss = F.cross_entropy(model(picked), (picked[:, 0] > 0).long())
+            model.train()
+            run.log(val_loss=val_loss)
+    return {"status": run.status, "step": run.state.step, "model": model.state_dict(),
+            "opt": opt.state_dict(), "sched": sched.state_dict(), "rng": torch.get_rng_state()}
+
+
+def test_a_crash_after_a_best_checkpoint_kept_at_an_epochs_end_resumes_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # early stopping's best checkpoint is taken inside run.log, after the script stepped its
+    # scheduler for the epoch: resumed there, the epoch's end must not run again (a second
+    # scheduler step: the learning rate halved twice, an evaluation logged twice)
+    only_kept = {"checkpoint": {"every": "off", "at_epoch_end": False}}
+    monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
+    reference = train_evaluated(make_settings(tmp_path, **only_kept))
+    assert (reference["status"], reference["step"]) == ("completed", 48)
+    monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
+    with pytest.raises(RuntimeError, match="goes away"):
+        train_evaluated(make_settings(tmp_path, **only_kept), crash_at=30)
+    store = Store(f"sqlite:///{tmp_path / 'prudent.db'}")
+    try:
+        kept = [e["step"] for e in store.events("victim") if e["name"] == "saved"]
+    finally:
+        store.close()
+    assert kept and kept[-1] == 24  # the newest: the best of epoch 2's evaluation
+    resumed = train_evaluated(make_settings(tmp_path, **only_kept))
+    assert (resumed["status"], resumed["step"]) == ("completed", 48)
+    assert resumed["sched"] == reference["sched"]
+    assert same(reference["opt"], resumed["opt"]) and same(reference["model"], resumed["model"])
+    assert torch.equal(reference["rng"], resumed["rng"])
+    store = Store(f"sqlite:///{tmp_path / 'prudent.db'}")
+    try:
+        logged = [s for s, _ in store.metric_series("victim", "val_loss")]
+    finally:
+        store.close()
+    assert logged == [12, 24, 36, 48]  # each evaluation once

@@ -14,6 +14,7 @@ import psutil
 import pytest
 import torch
 
+from prudent.store.database import Store
 from tests.e2e.conftest import Project, child_of, script
 
 EVERY = 5  # checkpoint interval, steps
@@ -112,3 +113,40 @@ def test_killed_many_times_ends_with_identical_weights(project: Project) -> None
         assert 0 <= repeated <= limit, f"{kind}: {repeated} steps done twice (limit {limit})"
     shown = project.show("victim")
     assert shown["restarts"] == len(kinds) and shown["status"] == "completed"
+
+
+def test_killed_after_a_best_kept_at_an_epochs_end_resumes_exactly(project: Project) -> None:
+    # the README's loop, SIGKILLed in epoch 3: the newest checkpoint is early stopping's best,
+    # kept inside epoch 2's run.log after the scheduler's step; the relaunch starts epoch 3
+    # (the epoch's end is not run again: no second scheduler step, no second evaluation)
+    command = ["--", sys.executable, script("readme_loop.py")]
+    reference = project.prudent("run", "--run-id", "reference", "--set", "out=reference.pt",
+                                *command, timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    victim = ["run", "--run-id", "victim", "--set", "sleep_s=0.02", *command]
+    first = subprocess.Popen([sys.executable, "-m", "prudent", *victim], cwd=project.path,
+                             env=project.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    child = child_of(first, None)
+    kept = project.path / ".prudent" / "runs" / "victim" / "checkpoints" / "ckpt-0000000088"
+    deadline = time.monotonic() + 120
+    while not kept.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kept.exists(), first.communicate()[1]
+    child.send_signal(signal.SIGKILL)
+    first.communicate(timeout=60)
+    assert first.returncode == 128 + signal.SIGKILL
+    resumed = project.prudent(*victim, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from ckpt-0000000088: step 88, epoch 3, 0 batches into it" in (
+        resumed.stdout + resumed.stderr)
+    assert_identical(final_state(project.path / "reference.pt"),
+                     final_state(project.path / "final.pt"))
+    assert project.show("victim")["status"] == "completed"
+    store = Store(f"sqlite:///{project.path / '.prudent' / 'prudent.db'}")
+    try:  # each epoch's evaluation logged once, the reference's values
+        logged = store.metric_series("victim", "val_acc")
+        assert logged == store.metric_series("reference", "val_acc")
+    finally:
+        store.close()
+    assert [step for step, _ in logged] == [44 * epoch for epoch in range(1, 7)]

@@ -150,7 +150,7 @@ class Checkpointer(Component):
         if not self.ranks.is_distributed:  # several ranks: told once every rank has started
             record_membership(run, self.resumed_hosts, [host_name()])
         state = run.state
-        self._last_position = (state.step, state.epoch, state.batches_in_epoch)
+        self._last_position = run.position
         self.schedule.saved(state.step)
         if state.num_epochs is None:  # a loop without epochs (run.steps): no epoch to name
             where = f"step {state.step}" + (f" of {state.num_steps}" if state.num_steps else "")
@@ -277,7 +277,7 @@ class Checkpointer(Component):
         due = held or self.schedule.due_at_epoch_end(epoch)
         if _ranks_agree(run):  # rank 0's timed schedule decides for every rank
             due = run.rank_group.from_main(due)
-        if due:
+        if due and not self._at_saved_position(run):  # (a best kept at this epoch's end)
             self.save(run, "periodic" if held else "epoch_end")
 
     def on_stop_requested(self, run: RunContext, reason: StopReason) -> None:
@@ -327,21 +327,21 @@ class Checkpointer(Component):
         parts = run.rank_group.gather_to_main(rank_state(run)) if every_rank else None
         if self.read_only:
             if every_rank:  # took part: at the same position and schedule as rank 0
-                self._last_position = (state.step, state.epoch, state.batches_in_epoch)
+                self._last_position = run.position
                 self.schedule.saved(state.step)
             return
         tensors: dict[str, Any] | None = None  # replicated state: this writer writes it once
         if not sharded:
             tensors, kept = dcp_entries(module_pairs(run.objects, saving=True), folder)
-        self._last_position = (state.step, state.epoch, state.batches_in_epoch)
+        self._last_position = run.position
         # the training thread builds the payload: cheap for a module's state_dict (references),
         # milliseconds for an adapter's framework checkpoint (serialised here): the loop's
         # stall, which the automatic schedule spaces saves by, counts it (and the shards)
         payload = {"objects": {k: kept[k] if k in kept else state_of(v)
                                for k, v in run.objects.items()},
                    "run": run.state_dict()}
-        meta = {"run_id": run.id, "epoch": state.epoch, "batches_in_epoch": state.batches_in_epoch,
-                "reason": reason}
+        meta = {"run_id": run.id, "epoch": payload["run"]["state"]["epoch"],
+                "batches_in_epoch": payload["run"]["state"]["batches_in_epoch"], "reason": reason}
         # the world it was taken in, one process too: an elastic job's membership changes
         # are told from it (prudent.distributed.elastic), and a resume on more ranks seeds the
         # others apart
@@ -349,7 +349,7 @@ class Checkpointer(Component):
                           + [None] * (self.ranks.world_size - 1))
         payload["run"]["ranks"] = parts
         meta["world"] = world_of([p or {"host": "?"} for p in parts])
-        if at_boundary and run.boundary is not None:
+        if at_boundary and run.boundary is not None and run.epoch_drawn is None:
             self._last_position = _as_at_boundary(run.boundary, payload, meta,
                                                   run.boundary_generators)
         for handoff in run.before_checkpoint:  # the rows of the steps it holds, to the writer
@@ -424,10 +424,9 @@ class Checkpointer(Component):
         name = checkpoint_name(run.state.step)
         self.pinned[label] = name  # before the save: the pin rides in the checkpoint itself
         self.writer.pinned = set(self.pinned.values())
-        state = run.state
         boundary = run.boundary  # where a loop resumed from here would start
-        position = boundary[:3] if boundary is not None else (
-            state.step, state.epoch, state.batches_in_epoch)
+        position = boundary[:3] if boundary is not None and run.epoch_drawn is None else (
+            run.position)  # (at an epoch's end: the next epoch's start)
         if self._last_position != position:
             agreed = self._last_position
             # asked on rank 0 alone (from run.log): the other ranks' generators are not in
@@ -501,8 +500,7 @@ class Checkpointer(Component):
         self.pinned = dict(state.get("pinned", {}))
 
     def _at_saved_position(self, run: RunContext) -> bool:
-        state = run.state
-        return self._last_position == (state.step, state.epoch, state.batches_in_epoch)
+        return self._last_position == run.position
 
     def _report(self, run: RunContext, results: list[SaveResult]) -> None:
         for result in results:

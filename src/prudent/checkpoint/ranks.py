@@ -30,7 +30,8 @@ def rank_state(run: RunContext, rng: dict[str, Any] | None = None) -> dict[str, 
 
     state = run.state
     return {"rng": rng if rng is not None else capture_rng(), "epoch_rng": state.epoch_rng,
-            "loader_rng": state.loader_rng, "host": host_name(), "carried": dict(run.carried)}
+            "loader_rng": run.saved_state()["loader_rng"], "host": host_name(),
+            "carried": dict(run.carried)}
 
 
 def world_of(parts: list[dict[str, Any]]) -> dict[str, Any]:

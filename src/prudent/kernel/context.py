@@ -97,6 +97,11 @@ class RunContext:
         # since (an evaluation on the global generator), so resuming from it re-does exactly
         # what the loop does again (see CheckpointManager.keep)
         self.boundary: tuple[int, int, int, int, Any] | None = None
+        # the loop drew its epoch's last batch and runs the epoch's end (a scheduler's step, an
+        # evaluation, run.log): a checkpoint now is one between epochs, holding the next
+        # epoch's start (the loader's generators as this epoch left them), or a resume would
+        # run this epoch's end again (the scheduler stepped twice). Set by run.batches
+        self.epoch_drawn: dict[str, Any] | None = None
         # Python's and NumPy's generators at a boundary an evaluation is foreseen after (step,
         # states; see evaluated)
         self.boundary_generators: tuple[int, dict[str, Any]] | None = None
@@ -480,8 +485,22 @@ class RunContext:
         """Counters, RNG states and every component's state: all a checkpoint needs of the run."""
         from prudent.kernel.rng import capture_rng
 
-        return {"state": self.state.state_dict(), "rng": capture_rng(),
+        return {"state": self.saved_state(), "rng": capture_rng(),
                 "components": {c.name: c.state_dict() for c in self._components}}
+
+    def saved_state(self) -> dict[str, Any]:
+        """The counters as a checkpoint taken now holds them: at an epoch's end before the
+        epoch is counted (``epoch_drawn``), the next epoch's start."""
+        state = self.state.state_dict()
+        if self.epoch_drawn is not None:
+            state.update(self.epoch_drawn, batches_in_epoch=0, epoch_samples_before=0)
+        return state
+
+    @property
+    def position(self) -> tuple[int, int, int]:
+        """(step, epoch, batches_in_epoch) as a checkpoint taken now holds them."""
+        state = self.saved_state()
+        return state["step"], state["epoch"], state["batches_in_epoch"]
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Put the run back where ``state_dict`` was taken.

@@ -91,6 +91,7 @@ class Run:
         self._step_loss: Any = None
         self._announced = False
         self._positioned = False  # run.batches or run.steps put the loop where it was
+        self._in_epochs = False  # inside run.epochs: a drawn epoch ends at its end
         self._loader: Iterable[Any] | None = None  # the last loader run.batches was given
         self._counter_read = False  # the loop read run.state (it continues its own count)
         self._warned_counter = False
@@ -263,7 +264,11 @@ class Run:
             num_epochs = min(num_epochs, SMOKE_MAX_EPOCHS)
         while state.epoch < num_epochs:
             ctx.mark_boundary()  # an evaluation at the epoch's top is done again on resume
-            yield state.epoch
+            self._in_epochs = True
+            try:
+                yield state.epoch
+            finally:
+                self._in_epochs, ctx.epoch_drawn = False, None
             if self._loader is not None:  # before EPOCH_END's checkpoint: see RunState
                 from prudent.kernel.data import loader_generator_states
 
@@ -285,6 +290,7 @@ class Run:
             state.batches_per_epoch = len(loader)  # type: ignore[arg-type]
         except TypeError:
             state.batches_per_epoch = None
+        ctx.epoch_drawn = None
         iterator = self._position(loader)
         self._positioned, self._loader = True, loader
         for wrap in ctx.batch_wrappers:
@@ -297,6 +303,11 @@ class Run:
             try:
                 batch = next(iterator)
             except StopIteration:
+                if self._in_epochs:  # the epoch's end runs next: see RunContext.epoch_drawn
+                    from prudent.kernel.data import loader_generator_states
+
+                    ctx.epoch_drawn = {"epoch": state.epoch + 1,
+                                       "loader_rng": loader_generator_states(loader)}
                 return
             loaded = clock()
             wait_s = loaded - started
