@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import io
+import shlex
+import sys
 
 import prudent
 from prudent.console import ConsoleReporter, ConsoleSettings
@@ -122,6 +124,8 @@ def test_a_preempted_run_whose_id_was_made_says_how_to_resume_it(
                 run.step(loss=0.5)
         said[given] = (run.id, out.getvalue().splitlines()[-1])
     made_id, last = said[None]
-    assert last == (f"prudent | {made_id} | to resume it from its newest checkpoint, run the "
-                    f"same command with --run-id {made_id} (prudent run --run-id {made_id} -- ...)")
+    # the whole command, as typed (`python train.py ...` read as if it took --run-id itself
+    # started a new run)
+    assert last == (f"prudent | {made_id} | to resume it from its newest checkpoint, run: "
+                    f"prudent run --run-id {made_id} -- {shlex.join(sys.orig_argv)}")
     assert "to resume it" not in said["mine"][1]  # the id was given: the same command resumes

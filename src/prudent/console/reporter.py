@@ -83,8 +83,8 @@ class ConsoleReporter(Component):
         self._print(f"{how} after {elapsed}, {run.state.step} steps. {latest}".rstrip(), run)
         if run.id_was_made and stop_reason is not None and stop_reason.kind is StopKind.PREEMPTED:
             # the same command again would start afresh: the resume needs this run's id
-            self._print(f"to resume it from its newest checkpoint, run the same command with "
-                        f"--run-id {run.id} (prudent run --run-id {run.id} -- ...)", run)
+            self._print(f"to resume it from its newest checkpoint, run: prudent run --run-id "
+                        f"{run.id} -- {_this_command()}", run)
 
     # output -------------------------------------------------------------------------------
     def _print(self, text: str, run: RunContext | None = None) -> None:
@@ -181,3 +181,12 @@ def _fmt(value: float | None) -> str:
     if value is None:
         return "nan"
     return f"{value:.4g}"
+
+
+def _this_command() -> str:
+    """This process's command line as typed (``python train.py --lr 3e-4``), for a user to
+    run again under ``prudent run``."""
+    import shlex
+
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    return shlex.join(argv)
