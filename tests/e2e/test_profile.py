@@ -107,6 +107,7 @@ def test_checkpoint_at_every_step_is_checkpoint_overhead(project: Project) -> No
     assert finding_ids(profile) == ["checkpoint_overhead"]
     evidence = profile["findings"][0]["evidence"]
     assert evidence["count"] >= 30 and evidence["suggested_every_steps"] > 1
+    assert evidence["reasons"]["periodic"] >= 30  # each told apart from a best kept, a stop
     assert profile["counts"]["checkpoints"] >= 30
 
 

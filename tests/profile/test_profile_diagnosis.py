@@ -142,6 +142,21 @@ def test_checkpoint_overhead_suggests_an_interval() -> None:
     assert diagnose(facts(compute=10.0, checkpoint=0.4, num_checkpoints=1)) == []
 
 
+def test_checkpoint_overhead_names_what_made_the_saves() -> None:
+    # the demo's short run: the first save, then early stopping's best at each better
+    # evaluation; no interval changes those, so the advice is not one
+    (finding,) = diagnose(facts(compute=10.0, checkpoint=1.0, num_checkpoints=5,
+                                checkpoint_reasons={"periodic": 1, "keep:best": 4}))
+    assert "(5 saves: 4 early stopping's best, 1 on schedule;" in finding.message
+    assert "restore_best: false" in finding.message and "save every" not in finding.message
+    assert finding.evidence["reasons"] == {"periodic": 1, "keep:best": 4}
+    # saves on schedule: the interval is theirs alone (60 steps over 3, not over 4)
+    (finding,) = diagnose(facts(compute=10.0, checkpoint=1.0, num_checkpoints=4, num_steps=60,
+                                checkpoint_reasons={"periodic": 2, "epoch_end": 1,
+                                                    "keep:best": 1}))
+    assert "(now every 20: checkpoint.every)" in finding.message
+
+
 def test_eval_overhead_needs_three_evaluations_before_it_advises() -> None:
     assert diagnose(facts(data=0.0, compute=10.0, eval_=5.0, num_evals=1)) == []
     assert diagnose(facts(data=0.0, compute=10.0, eval_=5.0, num_evals=2)) == []

@@ -90,6 +90,7 @@ class Checkpointer(Component):
         self._saved_shards: dict[str, dict[str, Any]] = {}  # the resumed one's: file -> hash
         self._shards_checked = False  # ... all hashed already (one process wrote them)
         self._last_position: tuple[int, int, int] | None = None
+        self.last_reason: str | None = None  # why the newest save was made (the profiler asks)
         self._sync_save_s: float | None = None
         self._writing = False  # a background write was started and its result not yet read
         self._proposed = False  # rank 0 asked the ranks for a save, not yet agreed
@@ -364,6 +365,7 @@ class Checkpointer(Component):
         if result is None:  # written in the background: its end is reported at a step's end,
             self._writing = True  # so a save made while asleep (at an epoch's end) wakes it
             run.sleep_until(self, state.step + 1)
+        self.last_reason = reason
         run.emit(Event.CHECKPOINT_TAKEN, state.step)
         if result is not None:
             self._report(run, [result])

@@ -121,7 +121,7 @@ class Profiler(Component):
         if self.summary is None:  # not a save made after our on_end
             if self._times is not None:
                 self._take_loop_times()
-            self.timer.checkpoint_taken(clock())
+            self.timer.checkpoint_taken(clock(), getattr(run.checkpoints, "last_reason", None))
 
     # rare events --------------------------------------------------------------------------
     def on_start(self, run: RunContext) -> None:
@@ -357,6 +357,7 @@ class Profiler(Component):
             num_steps=timer.num_steps, breakdown=timer.breakdown(),
             step_median_s=step_time["median_s"] if step_time else None,
             num_evals=timer.num_evals, num_checkpoints=timer.num_checkpoints,
+            checkpoint_reasons=dict(timer.checkpoint_reasons),
             outliers=timer.outliers, num_outliers=timer.num_outliers,
             outlier_excess_s=timer.outlier_excess_s,
             batches_per_epoch=run.state.batches_per_epoch, device=self._device,

@@ -71,6 +71,7 @@ class Facts:
     step_median_s: float | None = None
     num_evals: int = 0
     num_checkpoints: int = 0
+    checkpoint_reasons: dict[str, int] = field(default_factory=dict)  # see timer.StepTimer
     outliers: Sequence[Any] = ()  # timer.Outlier: step, duration_s, wait_s, median_s
     num_outliers: int = 0
     outlier_excess_s: float = 0.0
@@ -220,11 +221,33 @@ def memory_growth(f: Facts, t: Thresholds) -> Finding | None:
     return None
 
 
+CHECKPOINT_REASONS = {"periodic": "on schedule", "epoch_end": "at an epoch's end",
+                      "keep:best": "early stopping's best", "stop": "at the stop"}
+
+
 def checkpoint_overhead(f: Facts, t: Thresholds) -> Finding | None:
-    return _overhead(f, t.checkpoint_overhead_pct, "checkpoint", f.num_checkpoints, (
-        "checkpoint saving took {pct:.0f}% of training time ({n} save{s}, {each:.0f} ms each on "
-        "the training thread; threshold {limit:g}%): save every {every} steps or more (now every "
-        "{now:g}) to bring it near {target:g}%, or save asynchronously."))
+    """Saves that cost too much of the run, with advice for what made them: the schedule (save
+    less often) or early stopping's best, kept at each better evaluation (which no interval
+    changes)."""
+    reasons = f.checkpoint_reasons or {"periodic": f.num_checkpoints}
+    kept = sum(n for why, n in reasons.items() if why.startswith("keep:"))
+    scheduled = reasons.get("periodic", 0) + reasons.get("epoch_end", 0)
+    why = ", ".join(f"{n} {CHECKPOINT_REASONS.get(r, r)}" for r, n in
+                    sorted(reasons.items(), key=lambda item: -item[1]))
+    head = ("checkpoint saving took {pct:.0f}% of training time ({n} save{s}: " + why
+            + "; {each:.0f} ms each on the training thread; threshold {limit:g}%): ")
+    if kept > scheduled:
+        finding = _overhead(f, t.checkpoint_overhead_pct, "checkpoint", f.num_checkpoints, head + (
+            "most are early stopping's best, one at each better evaluation, which no interval "
+            "changes: evaluate less often, or set monitor.rules.early_stopping.restore_best: "
+            "false (no checkpoint is kept for the best)."), scheduled or 1)
+    else:
+        finding = _overhead(f, t.checkpoint_overhead_pct, "checkpoint", f.num_checkpoints, head + (
+            "save every {every} steps or more (now every {now:g}: checkpoint.every) to bring it "
+            "near {target:g}%."), scheduled or 1)
+    if finding is not None:
+        finding.evidence["reasons"] = dict(reasons)
+    return finding
 
 
 MIN_EVALS = 3  # one evaluation's cost is mostly warm-up, and its spacing is unknown
@@ -260,14 +283,17 @@ RULES: tuple[Rule, ...] = (input_bound, cpu_bound, low_gpu_utilization, step_out
 
 
 # helpers ------------------------------------------------------------------------------------
-def _overhead(f: Facts, limit: float, category: str, count: int, text: str) -> Finding | None:
+def _overhead(f: Facts, limit: float, category: str, count: int, text: str,
+              spaced: int | None = None) -> Finding | None:
+    """``spaced``: how many of the ``count`` an interval spaces (the rest come for other
+    reasons): the steps between them now."""
     spent, total = f.breakdown[category], f.total_s
     pct = _pct(spent, total)
     if pct < limit or count == 0:
         return None
     each = spent / count
     per_step = f.step_s / max(f.num_steps, 1)
-    now = f.num_steps / count
+    now = f.num_steps / (spaced or count)
     target = limit / 2
     every = max(int(now) + 1, round(each * (1 - target / 100) / (target / 100 * per_step)))
     message = text.format(pct=pct, n=count, s="" if count == 1 else "s", each=_ms(each),

@@ -71,6 +71,8 @@ class StepTimer:
     num_tokens: float = 0.0
     num_evals: int = 0
     num_checkpoints: int = 0
+    # why each save was made: "periodic" (the first too), "epoch_end", "keep:best", "stop"
+    checkpoint_reasons: dict[str, int] = field(default_factory=dict)
     excluding: bool = False  # steps under torch.profiler are slow on purpose: not outliers
     outliers: list[Outlier] = field(default_factory=list)
     num_outliers: int = 0
@@ -189,10 +191,12 @@ class StepTimer:
         self.profiler_s += now - self._mark
         self._mark = now
 
-    def checkpoint_taken(self, now: float) -> None:
+    def checkpoint_taken(self, now: float, reason: str | None = None) -> None:
         """The loop's part of a save is done: the time since the last event was checkpointing."""
         self.checkpoint_s += now - self._mark
         self.num_checkpoints += 1
+        why = "stop" if (reason or "").startswith("stop:") else (reason or "periodic")
+        self.checkpoint_reasons[why] = self.checkpoint_reasons.get(why, 0) + 1
         self._mark = now
 
     def finish(self, now: float) -> None:
