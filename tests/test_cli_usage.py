@@ -287,3 +287,13 @@ def test_a_usage_error_and_a_prudent_error_read_alike(tmp_path):
         *_, last = result.stderr.rstrip("\n").splitlines()
         assert (result.returncode, last[:16]) == (2, "prudent: error: "), result.stderr
         assert not re.search(r"[│╭╮╰╯]", result.stderr), result.stderr
+
+
+def test_show_gives_a_resumed_runs_attempts_beside_its_duration():
+    # relaunched a day later, the run's duration spans the wait: each attempt's own time too
+    from prudent.cli import _attempts_text
+
+    resumed = {"cost": {"by_attempt": [{"seconds": 8.2}, {"seconds": 16.6}]}}
+    assert _attempts_text(resumed) == " (2 attempts: 0:00:08 + 0:00:17)"
+    assert _attempts_text({"cost": {"by_attempt": [{"seconds": 3.0}]}}) == ""
+    assert _attempts_text({"cost": None}) == ""

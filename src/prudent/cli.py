@@ -304,7 +304,7 @@ def _print_detail(d: dict[str, Any]) -> None:
     reason = f" ({d['stop_reason']})" if d["stop_reason"] else ""
     console.print(Text.assemble((d["id"], "bold"), f"  {d['name']}  {d['status']}{reason}"))
     console.print(f"host {d['host']}  started {_when(d['started_at'])}  "
-                  f"duration {_duration(d['duration_s'])}  steps {d['step']}  "
+                  f"duration {_duration(d['duration_s'])}{_attempts_text(d)}  steps {d['step']}  "
                   f"restarts {d['restarts']}  cost ${d['cost_usd']:.2f}  exit {d['exit_code']}")
     console.print(f"command: {d['command']}", markup=False)
     console.print(f"config: {json.dumps(d['config'])}", markup=False)
@@ -314,6 +314,16 @@ def _print_detail(d: dict[str, Any]) -> None:
         # messages quote errors and paths ("[/__w/pytorch/...]"): text, never markup
         table.add_row(str(e["step"]), e["kind"], e["name"], Text(e["message"]))
     console.print(table)
+
+
+def _attempts_text(d: dict[str, Any]) -> str:
+    """A resumed run's duration spans the waits between its attempts (a relaunch a day later):
+    each attempt's own running time beside it."""
+    attempts = (d.get("cost") or {}).get("by_attempt") or []
+    if len(attempts) < 2:
+        return ""
+    each = " + ".join(_duration(a.get("seconds")) for a in attempts)
+    return f" ({len(attempts)} attempts: {each})"
 
 
 def _metrics_text(metrics: dict[str, float | None], limit: int | None = 3) -> str:
