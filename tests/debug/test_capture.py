@@ -290,3 +290,21 @@ def test_an_error_after_backward_in_an_iteration_loop_is_bundled_before_the_upda
     assert path.name == "step-6" and info["phase"] == "after_backward"
     assert info["state_when"] == "before_update"
     assert info["loss"] == pytest.approx(1.5, rel=1e-5)  # 3 x (1 - 5 x 0.1): the step's own
+
+
+def test_a_bundles_traceback_keeps_the_frames_of_a_project_folder_named_prudent(
+        tmp_path: Path) -> None:
+    # any path with "/prudent/" in it was taken for prudent's own code: a clone into a folder
+    # named prudent (git's default) left the bundle with the error's message and no frame
+    from prudent.debug.environment import user_traceback
+
+    script = tmp_path / "prudent" / "train.py"
+    script.parent.mkdir()
+    script.write_text("def train():\n    raise ValueError('bad row')\n")
+    namespace: dict = {}
+    exec(compile(script.read_text(), str(script), "exec"), namespace)
+    try:
+        namespace["train"]()
+    except ValueError as exc:
+        kept = user_traceback(exc)
+    assert kept is not None and str(script) in kept and "raise ValueError" in kept

@@ -7,7 +7,6 @@ import platform
 import socket
 import subprocess
 import sys
-import traceback
 from typing import Any
 
 __all__ = ["environment", "git_state", "user_traceback"]
@@ -60,11 +59,9 @@ def _git(args: list[str], cwd: str | None) -> str | None:
     return result.stdout.strip() if result.returncode == 0 else None
 
 
-def user_traceback(exc: BaseException | None, limit: int = 10) -> str | None:
-    """The traceback without prudent's own frames: the user's code is what matters."""
-    if exc is None:
-        return None
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if f"{os.sep}prudent{os.sep}" not in f.filename]
-    text = "".join(traceback.format_list(frames[-limit:]))
-    return text + f"{type(exc).__name__}: {exc}"
+def user_traceback(exc: BaseException | None) -> str | None:
+    """The traceback without prudent's own frames (those of its installed package, not any
+    path with "prudent" in it: a project folder named prudent keeps its frames)."""
+    from prudent.kernel.context import trimmed_traceback
+
+    return None if exc is None else trimmed_traceback(exc)
