@@ -350,8 +350,9 @@ class Checkpointer(Component):
                           + [None] * (self.ranks.world_size - 1))
         payload["run"]["ranks"] = parts
         meta["world"] = world_of([p or {"host": "?"} for p in parts])
-        if at_boundary and run.boundary is not None and run.epoch_drawn is None:
-            self._last_position = _as_at_boundary(run.boundary, payload, meta,
+        boundary = run.resume_boundary
+        if at_boundary and boundary is not None:
+            self._last_position = _as_at_boundary(boundary, payload, meta,
                                                   run.boundary_generators)
         for handoff in run.before_checkpoint:  # the rows of the steps it holds, to the writer
             handoff(run)
@@ -426,9 +427,8 @@ class Checkpointer(Component):
         name = checkpoint_name(run.state.step)
         self.pinned[label] = name  # before the save: the pin rides in the checkpoint itself
         self.writer.pinned = set(self.pinned.values())
-        boundary = run.boundary  # where a loop resumed from here would start
-        position = boundary[:3] if boundary is not None and run.epoch_drawn is None else (
-            run.position)  # (at an epoch's end: the next epoch's start)
+        boundary = run.resume_boundary  # where a loop resumed from here would start
+        position = boundary[:3] if boundary is not None else run.position
         if self._last_position != position:
             agreed = self._last_position
             # asked on rank 0 alone (from run.log): the other ranks' generators are not in

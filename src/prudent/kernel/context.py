@@ -499,8 +499,16 @@ class RunContext:
     @property
     def position(self) -> tuple[int, int, int]:
         """(step, epoch, batches_in_epoch) as a checkpoint taken now holds them."""
-        state = self.saved_state()
-        return state["step"], state["epoch"], state["batches_in_epoch"]
+        state, drawn = self.state, self.epoch_drawn
+        if drawn is not None:
+            return state.step, drawn["epoch"], 0
+        return state.step, state.epoch, state.batches_in_epoch
+
+    @property
+    def resume_boundary(self) -> tuple[int, int, int, int, Any] | None:
+        """The boundary a checkpoint taken between two steps resumes from (see ``boundary``);
+        None at an epoch's end, whose checkpoint resumes at the next epoch's start."""
+        return self.boundary if self.epoch_drawn is None else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Put the run back where ``state_dict`` was taken.
