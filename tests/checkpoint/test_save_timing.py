@@ -93,3 +93,47 @@ def test_an_epoch_end_save_is_reported_within_the_next_epoch(tmp_path: Path) -> 
     for epoch_end in (20, 40):  # recorded within the next epoch (10 steps: 0.1 s of writing,
         # on a loaded machine too), not at the end of the run as before
         assert saved[epoch_end] <= ended[epoch_end + 10], (epoch_end, saved, ended)
+
+
+FIRST_SAVE = """
+import sys, time
+import torch
+import prudent
+import prudent.checkpoint.manager as manager
+from prudent.testing import make_settings
+
+class Clock:  # the manager's clock, noting whether DCP's state-dict API was loaded when read
+    loaded = []
+    def perf_counter(self):
+        self.loaded.append("torch.distributed.checkpoint.state_dict" in sys.modules)
+        return time.perf_counter()
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+manager.time = clock = Clock()
+run = prudent.init(name="first", settings=make_settings(sys.argv[1], checkpoint={"mode": "sync"}),
+                   exit_on_stop=False)
+model = torch.nn.Linear(2, 1)
+run.attach(model=model)
+with run:
+    for _ in run.steps(2):
+        run.backward(model(torch.ones(1, 2)).sum())
+        run.step()
+print(clock.loaded)
+"""
+
+
+def test_the_first_saves_stall_leaves_out_importing_dcp(tmp_path: Path) -> None:
+    # under every: auto the first save measures what a save costs the loop; counted in, the
+    # ~0.1 s of importing torch.distributed.checkpoint spaced the next saves several times
+    # further apart than a tiny model's 2 ms stall asks for (a fresh interpreter: in this one
+    # another test has imported it)
+    import ast
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", FIRST_SAVE, str(tmp_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    loaded = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    assert loaded and all(loaded), loaded
