@@ -43,10 +43,12 @@ MISSING_ARGUMENT = [
 # mistyped option after the command's first word is the script's; a bad value for one of
 # prudent's own is a usage error, and so is a dash-word where the command should start.
 BAD_VALUE = [
-    (["runs", "-n", "abc"], "Invalid value for '--limit'"),
-    (["runs", "--limit", "0"], "Invalid value for '--limit'"),
-    (["run", "--max-restarts", "abc", "--", "python", "train.py"],
-     "Invalid value for '--max-restarts'"),
+    (["runs", "-n", "abc"], "Invalid value for '--limit'.*'abc'"),
+    (["runs", "--limit", "0"], "Invalid value for '--limit'.*0"),
+    (["run", "--max-restarts", "three", "--", "python", "train.py"],
+     "Invalid value for '--max-restarts': 'three': "),
+    (["run", "--max-restarts=three", "--", "python", "train.py"],
+     "Invalid value for '--max-restarts': 'three': "),
     # a mistyped option of prudent's own, before the command: never run as a program, and the
     # verb's closest option named
     (["run", "--max-restart", "2", "--", "python", "train.py"],
@@ -67,9 +69,10 @@ BAD_VALUE = [
     (["run", "--zzz", "--", "python", "train.py"],
      r"'--zzz' is not an option of .*prudent run \(see .*prudent run --help\)"),
     (["tune", "--space", "space.yaml", "--trials", "abc", "--", "python", "train.py"],
-     "Invalid value for '--trials'"),
-    (["preflight", "--steps", "abc", "--", "python", "train.py"], "Invalid value for '--steps'"),
-    (["replay", "r1", "--step", "abc"], "Invalid value for '--step'"),
+     "Invalid value for '--trials': 'abc'"),
+    (["preflight", "--steps", "abc", "--", "python", "train.py"],
+     "Invalid value for '--steps': 'abc'"),
+    (["replay", "r1", "--step", "abc"], "Invalid value for '--step': 'abc'"),
 ]
 
 

@@ -386,7 +386,27 @@ def _usage_error(exc: Any) -> None:
     if ctx is not None:
         typer.echo(ctx.get_usage(), err=True)
         typer.echo(f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help.", err=True)
-    _fail(exc.format_message(), exc.exit_code)
+    _fail(_with_given_value(exc, exc.format_message(), sys.argv[1:]), exc.exit_code)
+
+
+def _with_given_value(exc: Any, message: str, argv: list[str]) -> str:
+    """A bad value's message with the value given (typer's own, from pydantic, names the
+    option but not what was typed: "Input should be a valid integer")."""
+    opts = list(getattr(getattr(exc, "param", None), "opts", None) or [])
+    if not opts or not message.startswith("Invalid value"):
+        return message
+    given = None
+    for i, word in enumerate(argv):
+        if word == "--":
+            break
+        if word in opts and i + 1 < len(argv):
+            given = argv[i + 1]
+        elif word.startswith("--") and word.partition("=")[0] in opts:
+            given = word.partition("=")[2]
+    if given is None or repr(given) in message:
+        return message
+    head, _, reason = message.partition(": ")
+    return f"{head}: {given!r}: {reason}" if reason else f"{message} ({given!r})"
 
 
 def _fail(message: str, code: int) -> None:
