@@ -332,6 +332,68 @@ def train_evaluated(settings: ProjectSettings, crash_at: int | None = None) -> d
             "opt": opt.state_dict(), "sched": sched.state_dict(), "rng": torch.get_rng_state()}
 
 
+def train_stopped_in_evaluation(settings: ProjectSettings, sched_after_log: bool,
+                                stop_in_epoch: int | None = None) -> dict[str, Any]:
+    """The README's loop with the scheduler stepped before the evaluation or after its
+    run.log (both are common); ``stop_in_epoch``: a preemption notice (SIGTERM) arrives during
+    that epoch's evaluation."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    run = prudent.init(name="r", settings=settings, exit_on_stop=False)
+    run.attach(model=model, optimizer=opt, scheduler=sched)
+    loader = make_loader("global_rng")
+    with run:
+        for epoch in run.epochs(4):
+            for x, y in run.batches(loader):
+                loss = F.cross_entropy(model(x), y)
+                run.backward(loss)
+                opt.step()
+                opt.zero_grad()
+                run.step(loss=loss)
+            if not sched_after_log:
+                sched.step()
+            if epoch == stop_in_epoch:
+                run.context.request_stop("preempted", "SIGTERM during the evaluation")
+            run.log(val_loss=float(torch.randn(()).abs()))  # an evaluation's draw
+            if sched_after_log:
+                sched.step()
+    return {"status": run.status, "step": run.state.step, "model": model.state_dict(),
+            "opt": opt.state_dict(), "sched": sched.state_dict(), "rng": torch.get_rng_state()}
+
+
+@pytest.mark.parametrize("sched_after_log", [False, True], ids=["sched_then_eval",
+                                                                "eval_then_sched"])
+def test_a_stop_during_an_epochs_evaluation_resumes_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sched_after_log: bool) -> None:
+    # the stop is made once the epoch's end has run whole: raised at run.log, a loop that
+    # steps its scheduler after the evaluation resumed in the next epoch without that step
+    only_the_stop = {"checkpoint": {"every": "off", "at_epoch_end": False}}
+    monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
+    reference = train_stopped_in_evaluation(make_settings(tmp_path, **only_the_stop),
+                                            sched_after_log)
+    assert (reference["status"], reference["step"]) == ("completed", 48)
+    monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
+    stopped = train_stopped_in_evaluation(make_settings(tmp_path, **only_the_stop),
+                                          sched_after_log, stop_in_epoch=1)
+    assert (stopped["status"], stopped["step"]) == ("stopped", 24)
+    assert stopped["sched"] == reference["sched"] | {"last_epoch": 2, "_step_count": 3,
+                                                     "_last_lr": [0.025]}
+    resumed = train_stopped_in_evaluation(make_settings(tmp_path, **only_the_stop),
+                                          sched_after_log)
+    assert (resumed["status"], resumed["step"]) == ("completed", 48)
+    assert resumed["sched"] == reference["sched"]
+    assert same(reference["opt"], resumed["opt"]) and same(reference["model"], resumed["model"])
+    assert torch.equal(reference["rng"], resumed["rng"])
+    store = Store(f"sqlite:///{tmp_path / 'prudent.db'}")
+    try:
+        logged = [s for s, _ in store.metric_series("victim", "val_loss")]
+    finally:
+        store.close()
+    assert logged == [12, 24, 36, 48]  # each evaluation once
+
+
 def test_a_crash_after_a_best_checkpoint_kept_at_an_epochs_end_resumes_exactly(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # early stopping's best checkpoint is taken inside run.log, after the script stepped its

@@ -118,7 +118,8 @@ def test_validation_that_worsens_while_training_improves_stops_as_overfitting(ho
     run, _ = monitored_run(home)
     val = iter([1.0, 0.8, 0.7, 0.75, 0.8, 0.9, 1.0, 1.1])
     train(run, epochs=8, after_epoch=lambda epoch: run.log(val_loss=next(val)))
-    assert run.stop_reason == "rule:overfitting" and run.state.epoch == 5
+    # stopped at the 6th evaluation (step 192), once that epoch's end has run: 6 epochs done
+    assert run.stop_reason == "rule:overfitting" and run.state.epoch == 6
     (event,) = rule_events(home, run)
     assert "val_loss 0.9 at step 192 is worse than its best 0.7 (step 96) for 3 evaluations" \
         in event["message"] and "while the training loss fell" in event["message"]

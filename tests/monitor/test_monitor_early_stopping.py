@@ -92,7 +92,9 @@ def test_it_stops_with_the_best_weights_and_keeps_their_checkpoint(tmp_path: Pat
     # `with run:` (_train returns: the code after the block ran)
     assert (run.status, run.stop_reason, run.exit_code) == ("completed", "rule:early_stopping", 0)
     assert run.stopped_early
-    assert run.state.epoch == 6  # stopped at the 7th evaluation, 4 after the best (the 3rd)
+    # stopped at the 7th evaluation, 4 after the best (the 3rd), once that epoch's end has
+    # run: 7 epochs done
+    assert run.state.epoch == 7
     assert torch.equal(model[0].weight, weights[2])  # the final weights are the best ones
     kept = sorted(p.name for p in (home / "runs" / run.id / "checkpoints").glob("ckpt-*"))
     assert "ckpt-0000000024" in kept  # the best evaluation's (step 24), whatever keep=1 says

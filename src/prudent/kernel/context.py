@@ -527,7 +527,8 @@ class RunContext:
 
     # stopping -----------------------------------------------------------------------------
     def request_stop(self, reason: StopReason | StopKind | str, message: str = "") -> None:
-        """Ask the run to stop at the next step, batch or log; the first request wins.
+        """Ask the run to stop at the next step, batch or log (in an epoch's end, when
+        ``run.epochs`` moves on); the first request wins.
 
         Safe from a signal handler or another thread: it only sets a field. A string is read
         as a ``stop_reason`` (``"preempted"``, ``"rule:loss_not_decreasing"``).

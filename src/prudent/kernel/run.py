@@ -437,14 +437,20 @@ class Run:
                           " (or start the counter at run.state.step)", stacklevel=3)
 
     def log(self, **metrics: Any) -> None:
-        """Evaluation metrics (converted to floats now: they are rare and the tuner reads them)."""
+        """Evaluation metrics (converted to floats now: they are rare and the tuner reads them).
+
+        A pending stop is made here, except in an epoch's end, where ``run.epochs`` makes it."""
         from prudent.store.writer import to_floats
 
         values = dict(zip(metrics, to_floats(metrics.values())))
         self.context.host_reads.clear()
         self.context.logged.update(values)
         self.context.emit(Event.LOG, values)
-        self.context.check_stop()
+        if self.context.epoch_drawn is None:
+            self.context.check_stop()
+        # else in an epoch's end (its batches drawn, the epoch not yet counted): run.epochs
+        # makes the stop once the whole epoch's end has run; made here, a scheduler the loop
+        # steps after its evaluation was never stepped for the epoch the resume skips
 
     def capture(self, reason: str = "user", message: str = "",
                 error: BaseException | None = None) -> None:
