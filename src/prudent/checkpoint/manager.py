@@ -61,6 +61,7 @@ from prudent.distributed.torchrun import ranks_from_env
 from prudent.kernel.errors import ConfigError
 from prudent.kernel.events import Component, Event, EventKind
 from prudent.kernel.pace import StepPace
+from prudent.kernel.rng import kept_torch_state
 from prudent.kernel.stop import StopKind
 from prudent.launch.spec import host_name
 
@@ -564,7 +565,8 @@ def _as_at_boundary(boundary: tuple[int, int, int, int, Any], payload: dict[str,
     torch generator (what the loop drew since, an evaluation's batches, is drawn again when
     it resumes there), and Python's and NumPy's where they were read at that boundary
     (``generators``: step, states; see ``RunContext.evaluated``); returns the position."""
-    step, epoch, batches, before, torch_state = boundary
+    step, epoch, batches, before, torch_kept = boundary
+    torch_state = kept_torch_state(torch_kept)
     payload["run"]["state"].update(epoch=epoch, batches_in_epoch=batches,
                                    epoch_samples_before=before)
     at_boundary = {"torch": torch_state}

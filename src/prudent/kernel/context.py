@@ -92,7 +92,8 @@ class RunContext:
         self.batch_wrappers: list[Callable[[Iterator[Any]], Iterator[Any]]] = []
         self.resume_rng: dict[str, Any] | None = None  # applied once the data is repositioned
         # where a resumed loop starts again (a step's end, an epoch's or the loop's top):
-        # (step, epoch, batches_in_epoch, epoch_samples_before, torch's generator state). A
+        # (step, epoch, batches_in_epoch, epoch_samples_before, a clone of torch's generator:
+        # see prudent.kernel.rng.kept_torch_state). A
         # checkpoint taken between two (inside run.log) holds these, not what the script drew
         # since (an evaluation on the global generator), so resuming from it re-does exactly
         # what the loop does again (see CheckpointManager.keep)
@@ -114,9 +115,9 @@ class RunContext:
         # then waits for (a checkpoint never outlives the metric rows of its steps)
         self.before_checkpoint: list[Callable[[RunContext], None]] = []
         self.resume_carried: dict[str, Any] = {}  # the checkpoint's, for each name's first call
-        import torch
+        from prudent.kernel.rng import torch_generator_keeper
 
-        self._torch_rng_state = torch.get_rng_state
+        self._torch_rng_state = torch_generator_keeper()
         self.step_limit: int | None = None  # run.steps stops here (preflight's short loops)
         # the checkpointer, once started: keep(ctx, label) and restore(ctx, before_step=...)
         # for components that roll back or keep a best checkpoint (None: checkpoints are off)
