@@ -66,6 +66,18 @@ def test_nan_on_one_rank_stops_every_rank_and_prudent_run_exits_3(ddp: Project) 
         ("stopped", "rule:non_finite", 3)
     rank0, rank1 = last_steps(ddp)
     assert rank0 == rank1 < 150
+    # the cause is on rank 1 (its batch at step 7), rank 0 sees only its consequence (NaN
+    # gradients, then its own NaN loss at step 8): rank 1's firing and its failure bundle are
+    # in the run's record, said to be rank 1's, and rank 0's own events once each
+    events = shown["events"]
+    (capture,) = [e for e in events if e["name"] == "written" and e["payload"].get("rank") == 1]
+    assert capture["step"] == 7 and capture["message"].startswith("rank 1: loss is nan at step 7")
+    assert capture["payload"]["path"].endswith("step-7-rank1")
+    assert (ddp.path / capture["payload"]["path"]).is_dir()
+    assert any(e["kind"] == "rule" and e["message"].startswith("rank 1: loss is NaN at step 7")
+               for e in events)
+    blind = [e for e in events if e["name"] == "blind" and "loss_not_decreasing" in e["message"]]
+    assert len(blind) == 1, blind  # the same on both ranks: once
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ gradient all-reduce).
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from prudent.kernel.errors import ConfigError
 from prudent.kernel.events import Component, EventKind
 from prudent.kernel.stop import StopReason
+from prudent.store.writer import NullWriter, event_signature
 
 if TYPE_CHECKING:
     from prudent.kernel.context import RunContext
@@ -147,6 +149,25 @@ class PendingFlags:
         return self._tensor.tolist()
 
 
+# what a rank other than 0 alone can know: its rules' findings, its failure bundles, its
+# profile's findings; not its lifecycle, checkpoints or costs (rank 0 records the run's)
+_RELAYED_KINDS = frozenset({EventKind.RULE.value, EventKind.MONITOR.value, EventKind.CAPTURE.value,
+                            EventKind.CAPTURE_REQUESTED.value, EventKind.FINDING.value})
+
+
+def _relayed(row: dict[str, Any]) -> bool:
+    """An event of another rank that rank 0 records for it: not one of an action the ranks
+    agreed on (a skipped update: every rank records it, rank 0 for the run)."""
+    return row["kind"] in _RELAYED_KINDS and not json.loads(row.get("payload") or "{}").get(
+        "ranks_agreed")
+
+
+def _holds_events(run: RunContext) -> bool:
+    """This rank (not 0) has events for rank 0's record (see StopCoordinator._relay_events)."""
+    writer = run.writer
+    return isinstance(writer, NullWriter) and writer.holds_events
+
+
 def unreplicated_models(objects: dict[str, Any]) -> list[str]:
     """The attached models with trainable parameters that no data-parallel wrapper holds:
     neither DDP (torch's, or one of its subclasses), FSDP, nor FSDP2's DTensor shards, even
@@ -196,6 +217,11 @@ class StopCoordinator(Component):
         self._posted_at: tuple[int, float] | None = None  # step and time of the last post
         self._warned = False
         self._checked_start = False
+        # rank 0: other ranks' events (the agreement they came at, rank, " (on HOST)" if not
+        # rank 0's, row) to record, and those recorded (see _relay_events)
+        self._reads = 0
+        self._relayed: list[tuple[int, int, str, dict[str, Any]]] = []
+        self._relayed_seen: set[tuple[Any, ...]] = set()
 
     def on_start(self, run: RunContext) -> None:
         run.defer_stops = True
@@ -227,9 +253,14 @@ class StopCoordinator(Component):
             return
         self.pending = None
         run.ranks_agreed = True  # later handlers of this step may run a collective
-        stop, save, interval = pending.result()
+        stop, save, interval, events = pending.result()
         self.interval = interval
         run.save_agreed = bool(save)
+        self._reads += 1
+        if events:
+            self._relay_events(run)
+        if self._relayed:
+            self._record_relayed(run)
         if stop:
             self._agree_on_stop(run)
 
@@ -243,7 +274,7 @@ class StopCoordinator(Component):
             proposed = max(1, min(MAX_AGREE_STEPS, int(self.agree_every_s / max(step_s, 1e-9))))
         self._posted_at = (step, now)
         self.pending = self.group.post_flags(run.pending_stop is not None, run.save_proposed,
-                                             proposed)
+                                             proposed, _holds_events(run))
         self.read_at = step + self.interval
         planned = run.state.planned_steps
         if planned and step < planned:  # a stop asked near the end is not lost to the end
@@ -253,8 +284,47 @@ class StopCoordinator(Component):
     def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         run.defer_stops = False
         pending, self.pending = self.pending, None
-        if pending is not None and status == "completed":  # every rank posted it: it completes
-            pending.result()
+        # every rank posted it, so it completes, and every rank reads it: the last events come
+        if pending is not None and status == "completed" and pending.result()[3]:
+            self._relay_events(run)
+        if self._relayed:
+            self._record_relayed(run, everything=True)
+
+    def _relay_events(self, run: RunContext) -> None:
+        """Gather the events the other ranks recorded since the last relay; rank 0 records
+        them one agreement later (see :meth:`_record_relayed`)."""
+        from prudent.launch.spec import host_name
+
+        writer = run.writer
+        held = [row for row in writer.take_events() if _relayed(row)] \
+            if isinstance(writer, NullWriter) else []
+        gathered = self.group.all_gather((host_name(), held))
+        if self.ranks.is_main:
+            here = host_name()
+            self._relayed += [(self._reads, rank, "" if host == here else f" (on {host})", row)
+                              for rank, (host, events) in enumerate(gathered)
+                              if rank != self.ranks.rank for row in events]
+
+    def _record_relayed(self, run: RunContext, everything: bool = False) -> None:
+        """Rank 0: the other ranks' events, relayed at an earlier agreement (``everything``:
+        at the end, all), into the run's record, which rank said so in the message and the
+        payload; but for copies of rank 0's own events (a notice every rank gives, a rule's
+        verdict on the averaged gradients: rank 0 has had an agreement's time to give its own)
+        and of one already recorded for another rank."""
+        writer = run.writer
+        due = [r for r in self._relayed if everything or r[0] < self._reads]
+        if not due:
+            return
+        self._relayed = [r for r in self._relayed if r not in due]
+        own = set(getattr(writer, "recent_events", ()))
+        for _, rank, on_host, row in due:
+            signature = event_signature(row)
+            if signature in own or signature in self._relayed_seen:
+                continue
+            self._relayed_seen.add(signature)
+            payload = json.loads(row.get("payload") or "{}")
+            writer.put_event({**row, "message": f"rank {rank}{on_host}: {row['message']}",
+                              "payload": json.dumps({**payload, "rank": rank})})
 
     def _agree_on_stop(self, run: RunContext) -> None:
         requests = self.group.all_gather(run.pending_stop)

@@ -8,6 +8,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -17,9 +18,10 @@ from prudent.kernel.errors import StoreLocked, StoreUnavailable
 from prudent.kernel.events import EventKind
 from prudent.store.database import LOCKED_WAIT_S, Store, describe_error
 
-__all__ = ["NullWriter", "StoreWriter", "WriterListener", "to_floats"]
+__all__ = ["NullWriter", "StoreWriter", "WriterListener", "event_signature", "to_floats"]
 
 log = logging.getLogger("prudent.store")
+_KEPT_EVENTS = 200  # events a rank other than 0 holds between two agreements, newest kept
 
 
 class StoreWriter:
@@ -47,6 +49,9 @@ class StoreWriter:
         self._outage_began_wall = 0.0
         self._dropped_in_outage = 0
         self._last_row: tuple[str, int] | None = None  # (run id, step) of the newest row queued
+        # (kind, name, message) of the newest events: another rank's copy of one of
+        # them is not recorded again (see prudent.distributed.torchrun.StopCoordinator)
+        self.recent_events: deque[tuple[Any, ...]] = deque(maxlen=_KEPT_EVENTS)
         self._listeners: list[WriterListener] = []
         # where rows the store never took go instead of being lost (the run's record beside
         # its checkpoints: ``prudent.record.sync``); None: they are dropped, counted
@@ -76,6 +81,7 @@ class StoreWriter:
     def put_event(self, row: dict[str, Any]) -> None:
         self._idle.clear()
         self._last_row = (row["run_id"], row["step"])
+        self.recent_events.append(event_signature(row))
         self._queue.put(("event", row))
 
     @property
@@ -316,14 +322,35 @@ def close_listeners(listeners: list[WriterListener]) -> None:
     listeners.clear()
 
 
+def event_signature(row: dict[str, Any]) -> tuple[Any, ...]:
+    """What tells one event from another whichever rank recorded it: not the step (each rank
+    says "loss_not_decreasing cannot judge this run" at its own first check); a rule's message
+    names its step."""
+    return row["kind"], row["name"], row["message"]
+
+
 class NullWriter:
-    """A StoreWriter that keeps nothing: for torchrun ranks other than 0."""
+    """A StoreWriter for torchrun ranks other than 0: it writes nothing, and holds its newest
+    events (at most ``_KEPT_EVENTS``) until rank 0 takes them into the record at the ranks'
+    next agreement (:meth:`take_events`, see ``prudent.distributed.torchrun``): a rule that
+    fires on this rank alone, or the failure bundle it writes, is in the run's record too."""
 
     num_errors = 0
 
     def __init__(self) -> None:
         self.latest: dict[str, float] = {}
         self._listeners: list[WriterListener] = []
+        self._events: deque[dict[str, Any]] = deque(maxlen=_KEPT_EVENTS)
+
+    @property
+    def holds_events(self) -> bool:
+        return bool(self._events)
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """The events put since the last call, oldest first."""
+        events = list(self._events)
+        self._events.clear()
+        return events
 
     def add_listener(self, listener: WriterListener) -> None:
         self._listeners.append(listener)  # told nothing; closed with the writer
@@ -333,7 +360,7 @@ class NullWriter:
         pass
 
     def put_event(self, row: dict[str, Any]) -> None:
-        pass
+        self._events.append(row)
 
     def call_soon(self, call: Callable[[], Any]) -> None:
         pass
