@@ -299,10 +299,14 @@ def test_a_resume_after_a_rollback_that_skipped_batches_is_exact(
     assert same(reference["model"], resumed["model"])
 
 
-def train_evaluated(settings: ProjectSettings, crash_at: int | None = None) -> dict[str, Any]:
+def train_evaluated(settings: ProjectSettings, crash_at: int | None = None,
+                    sched_after_log: bool = False,
+                    stop_in_epoch: int | None = None) -> dict[str, Any]:
     """The README's loop: an epoch of batches, then the epoch's end as scripts write it (the
-    scheduler stepped per epoch, an evaluation that draws from the global generator, run.log);
-    early stopping keeps a checkpoint of each new best from inside that run.log."""
+    scheduler stepped per epoch, before the evaluation or, ``sched_after_log``, after its
+    run.log; an evaluation that draws from the global generator; run.log); early stopping
+    keeps a checkpoint of each new best from inside that run.log. ``stop_in_epoch``: a
+    preemption notice (SIGTERM) arrives during that epoch's evaluation."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -312,7 +316,7 @@ def train_evaluated(settings: ProjectSettings, crash_at: int | None = None) -> d
     loader = make_loader("global_rng")
     val_x = torch.randn(64, 8, generator=torch.Generator().manual_seed(9))
     with run:
-        for _ in run.epochs(4):
+        for epoch in run.epochs(4):
             for x, y in run.batches(loader):
                 loss = F.cross_entropy(model(x), y)
                 run.backward(loss)
@@ -321,42 +325,16 @@ def train_evaluated(settings: ProjectSettings, crash_at: int | None = None) -> d
                 run.step(loss=loss)
                 if run.state.step == crash_at:
                     raise RuntimeError("the machine goes away")
-            sched.step()
+            if not sched_after_log:
+                sched.step()
             model.eval()
             with torch.no_grad():
                 picked = val_x[torch.randperm(64)[:48]]  # the global generator, as nanoGPT's
                 val_loss = F.cross_entropy(model(picked), (picked[:, 0] > 0).long())
             model.train()
-            run.log(val_loss=val_loss)
-    return {"status": run.status, "step": run.state.step, "model": model.state_dict(),
-            "opt": opt.state_dict(), "sched": sched.state_dict(), "rng": torch.get_rng_state()}
-
-
-def train_stopped_in_evaluation(settings: ProjectSettings, sched_after_log: bool,
-                                stop_in_epoch: int | None = None) -> dict[str, Any]:
-    """The README's loop with the scheduler stepped before the evaluation or after its
-    run.log (both are common); ``stop_in_epoch``: a preemption notice (SIGTERM) arrives during
-    that epoch's evaluation."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    run = prudent.init(name="r", settings=settings, exit_on_stop=False)
-    run.attach(model=model, optimizer=opt, scheduler=sched)
-    loader = make_loader("global_rng")
-    with run:
-        for epoch in run.epochs(4):
-            for x, y in run.batches(loader):
-                loss = F.cross_entropy(model(x), y)
-                run.backward(loss)
-                opt.step()
-                opt.zero_grad()
-                run.step(loss=loss)
-            if not sched_after_log:
-                sched.step()
             if epoch == stop_in_epoch:
                 run.context.request_stop("preempted", "SIGTERM during the evaluation")
-            run.log(val_loss=float(torch.randn(()).abs()))  # an evaluation's draw
+            run.log(val_loss=val_loss)
             if sched_after_log:
                 sched.step()
     return {"status": run.status, "step": run.state.step, "model": model.state_dict(),
@@ -371,48 +349,51 @@ def test_a_stop_during_an_epochs_evaluation_resumes_exactly(
     # steps its scheduler after the evaluation resumed in the next epoch without that step
     only_the_stop = {"checkpoint": {"every": "off", "at_epoch_end": False}}
     monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
-    reference = train_stopped_in_evaluation(make_settings(tmp_path, **only_the_stop),
-                                            sched_after_log)
+    reference = train_evaluated(make_settings(tmp_path, **only_the_stop),
+                                sched_after_log=sched_after_log)
     assert (reference["status"], reference["step"]) == ("completed", 48)
     monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
-    stopped = train_stopped_in_evaluation(make_settings(tmp_path, **only_the_stop),
-                                          sched_after_log, stop_in_epoch=1)
+    stopped = train_evaluated(make_settings(tmp_path, **only_the_stop),
+                              sched_after_log=sched_after_log, stop_in_epoch=1)
     assert (stopped["status"], stopped["step"]) == ("stopped", 24)
     assert stopped["sched"] == reference["sched"] | {"last_epoch": 2, "_step_count": 3,
                                                      "_last_lr": [0.025]}
-    resumed = train_stopped_in_evaluation(make_settings(tmp_path, **only_the_stop),
-                                          sched_after_log)
-    assert (resumed["status"], resumed["step"]) == ("completed", 48)
-    assert resumed["sched"] == reference["sched"]
-    assert same(reference["opt"], resumed["opt"]) and same(reference["model"], resumed["model"])
-    assert torch.equal(reference["rng"], resumed["rng"])
-    store = Store(f"sqlite:///{tmp_path / 'prudent.db'}")
-    try:
-        logged = [s for s, _ in store.metric_series("victim", "val_loss")]
-    finally:
-        store.close()
-    assert logged == [12, 24, 36, 48]  # each evaluation once
+    resumed = train_evaluated(make_settings(tmp_path, **only_the_stop),
+                              sched_after_log=sched_after_log)
+    assert_resumed_exactly(tmp_path, reference, resumed)
 
 
+@pytest.mark.parametrize("sched_after_log", [False, True], ids=["sched_then_eval",
+                                                                "eval_then_sched"])
 def test_a_crash_after_a_best_checkpoint_kept_at_an_epochs_end_resumes_exactly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # early stopping's best checkpoint is taken inside run.log, after the script stepped its
-    # scheduler for the epoch: resumed there, the epoch's end must not run again (a second
-    # scheduler step: the learning rate halved twice, an evaluation logged twice)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sched_after_log: bool) -> None:
+    # early stopping asks for its best checkpoint from the evaluation's run.log: resumed
+    # there, the epoch's end must not run again (a second scheduler step: the learning rate
+    # halved twice, an evaluation logged twice), nor be missing a scheduler step the loop
+    # makes after that run.log
     only_kept = {"checkpoint": {"every": "off", "at_epoch_end": False}}
     monkeypatch.setenv("PRUDENT_RUN_ID", "reference")
-    reference = train_evaluated(make_settings(tmp_path, **only_kept))
+    reference = train_evaluated(make_settings(tmp_path, **only_kept),
+                                sched_after_log=sched_after_log)
     assert (reference["status"], reference["step"]) == ("completed", 48)
     monkeypatch.setenv("PRUDENT_RUN_ID", "victim")
     with pytest.raises(RuntimeError, match="goes away"):
-        train_evaluated(make_settings(tmp_path, **only_kept), crash_at=30)
+        train_evaluated(make_settings(tmp_path, **only_kept), crash_at=30,
+                        sched_after_log=sched_after_log)
     store = Store(f"sqlite:///{tmp_path / 'prudent.db'}")
     try:
         kept = [e["step"] for e in store.events("victim") if e["name"] == "saved"]
     finally:
         store.close()
     assert kept and kept[-1] == 24  # the newest: the best of epoch 2's evaluation
-    resumed = train_evaluated(make_settings(tmp_path, **only_kept))
+    resumed = train_evaluated(make_settings(tmp_path, **only_kept),
+                              sched_after_log=sched_after_log)
+    assert_resumed_exactly(tmp_path, reference, resumed)
+
+
+def assert_resumed_exactly(tmp_path: Path, reference: dict[str, Any],
+                           resumed: dict[str, Any]) -> None:
+    """The resumed 'victim' run ended as the uninterrupted one, each evaluation logged once."""
     assert (resumed["status"], resumed["step"]) == ("completed", 48)
     assert resumed["sched"] == reference["sched"]
     assert same(reference["opt"], resumed["opt"]) and same(reference["model"], resumed["model"])

@@ -98,6 +98,9 @@ class Checkpointer(Component):
         self._shards_future: Any = None  # this rank's shards being written (dcp.async_save)
         self._shards_group: Any = None  # the gloo group DCP's background collectives use
         self._held = False  # a save was due on an epoch's last step: taken at the epoch's end
+        # keep(label) asked in an epoch's end (early stopping's best, from run.log): made when
+        # run.epochs moves on, once the whole epoch's end has run (label, step asked at)
+        self._keep_at_epoch_end: tuple[str, int] | None = None
         self._pace = StepPace()  # the step time between the handler's sparse calls
         self.read_only = False  # torchrun ranks other than 0 restore but never write
         self.ranks = ranks_from_env()
@@ -275,6 +278,7 @@ class Checkpointer(Component):
     def on_epoch_end(self, run: RunContext, epoch: int) -> None:
         if self.writer is None:
             return
+        self._keep_asked_in_epoch_end(run)
         held, self._held = self._held, False
         due = held or self.schedule.due_at_epoch_end(epoch)
         if _ranks_agree(run):  # rank 0's timed schedule decides for every rank
@@ -300,6 +304,8 @@ class Checkpointer(Component):
         self.save(run, f"stop:{reason}", synchronous=True)
 
     def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
+        if self.writer is not None:  # the loop left run.epochs in an epoch's end
+            self._keep_asked_in_epoch_end(run)
         self.wait_for_shards()  # before the process ends: its thread would die mid-write
         if self.writer is not None:
             self.writer.wait()
@@ -431,16 +437,32 @@ class Checkpointer(Component):
         name = checkpoint_name(run.state.step)
         self.pinned[label] = name  # before the save: the pin rides in the checkpoint itself
         self.writer.pinned = set(self.pinned.values())
+        if run.epoch_drawn is not None:
+            # in an epoch's end: what the loop does after this run.log (a scheduler stepped
+            # after the evaluation) belongs in it, or a resume from it skips that; no step
+            # comes before run.epochs moves on, so the name stays true
+            self._keep_at_epoch_end = (label, run.state.step)
+            return name
         boundary = run.resume_boundary  # where a loop resumed from here would start
         position = boundary[:3] if boundary is not None else run.position
         if self._last_position != position:
-            agreed = self._last_position
-            # asked on rank 0 alone (from run.log): the other ranks' generators are not in
-            # it (resumed from, they keep the script's streams; see checkpoint.ranks)
-            self.save(run, f"keep:{label}", every_rank=False, at_boundary=True)
-            if self.ranks.is_distributed:  # rank 0's own save: the agreed position stays
-                self._last_position = agreed
+            self._kept(run, label, at_boundary=True)
         return name
+
+    def _kept(self, run: RunContext, label: str, at_boundary: bool) -> None:
+        agreed = self._last_position
+        # asked on rank 0 alone (from run.log): the other ranks' generators are not in it
+        # (resumed from, they keep the script's streams; see checkpoint.ranks)
+        self.save(run, f"keep:{label}", every_rank=False, at_boundary=at_boundary)
+        if self.ranks.is_distributed:  # rank 0's own save: the agreed position stays
+            self._last_position = agreed
+
+    def _keep_asked_in_epoch_end(self, run: RunContext) -> None:
+        """The keep asked in the epoch's end that just ran, now (none if a step came since:
+        the loop left run.epochs and trained on)."""
+        asked, self._keep_at_epoch_end = self._keep_at_epoch_end, None
+        if asked is not None and asked[1] == run.state.step and not self._at_saved_position(run):
+            self._kept(run, asked[0], at_boundary=False)
 
     def restore(self, run: RunContext, *, before_step: int | None = None,
                 name: str | None = None, not_before: int | None = None) -> tuple[str, int] | None:
