@@ -304,8 +304,6 @@ class Checkpointer(Component):
         self.save(run, f"stop:{reason}", synchronous=True)
 
     def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
-        if self.writer is not None:  # the loop left run.epochs in an epoch's end
-            self._keep_asked_in_epoch_end(run)
         self.wait_for_shards()  # before the process ends: its thread would die mid-write
         if self.writer is not None:
             self.writer.wait()
@@ -459,7 +457,9 @@ class Checkpointer(Component):
 
     def _keep_asked_in_epoch_end(self, run: RunContext) -> None:
         """The keep asked in the epoch's end that just ran, now (none if a step came since:
-        the loop left run.epochs and trained on)."""
+        the loop left run.epochs and trained on). One the epoch's end never finished (the
+        script raised in it, or left run.epochs there) is dropped: it might lack what the
+        loop does after its run.log."""
         asked, self._keep_at_epoch_end = self._keep_at_epoch_end, None
         if asked is not None and asked[1] == run.state.step and not self._at_saved_position(run):
             self._kept(run, asked[0], at_boundary=False)
