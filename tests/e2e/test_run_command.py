@@ -232,7 +232,8 @@ def test_an_early_stopped_run_is_completed_and_the_code_after_it_runs(project: P
     assert done.returncode == 0, done.stderr
     after = json.loads((project.path / "after.json").read_text())
     assert after == {"status": "completed", "stop_reason": "rule:early_stopping",
-                     "stopped_early": True, "epoch": 6}  # 4 evaluations after the best (3rd)
+                     "stopped_early": True, "epoch": 7}  # 4 evaluations after the best (3rd),
+    # once that 7th epoch's end has run
     shown = project.show("early")
     assert (shown["status"], shown["stop_reason"], shown["exit_code"]) == (
         "completed", "rule:early_stopping", 0)
