@@ -312,10 +312,12 @@ class StopCoordinator(Component):
         verdict on the averaged gradients: rank 0 has had an agreement's time to give its own)
         and of one already recorded for another rank."""
         writer = run.writer
-        due = [r for r in self._relayed if everything or r[0] < self._reads]
+        due, self._relayed = self._relayed, []
+        if not everything:  # those of this very agreement wait for the next
+            self._relayed = [r for r in due if r[0] == self._reads]
+            due = [r for r in due if r[0] < self._reads]
         if not due:
             return
-        self._relayed = [r for r in self._relayed if r not in due]
         own = set(getattr(writer, "recent_events", ()))
         for _, rank, on_host, row in due:
             signature = event_signature(row)
