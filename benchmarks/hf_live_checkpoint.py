@@ -2,10 +2,11 @@
 
 Between the Trainer's own saves, prudent's checkpoint carries the live state (weights, AdamW's
 state, the LR scheduler: ``live/`` in the checkpoint) so that a rollback or early stopping's
-``restore_best`` gets the weights of the checkpoint's step. This times that part (the
-framework checkpoint's ``state_dict``, made on the training thread) in a real ``Trainer.train``
-with a checkpoint every 5 steps, for a 2-layer BERT of the example's size and a wider one;
-thread CPU time (what the load of other processes does not inflate) and wall time.
+``restore_best`` gets the weights of the checkpoint's step. This times prudent's whole save on
+the training thread (``Checkpointer.save``: the live state's tensors copied into host buffers;
+the safetensors and ``torch.save`` bytes are made by the checkpoint writer's thread) in a real
+``Trainer.train`` with a checkpoint every 5 steps, for a 2-layer BERT of the example's size and
+a wider one; thread CPU time (what the load of other processes does not inflate) and wall time.
 
     python benchmarks/hf_live_checkpoint.py            # writes benchmarks/results/hf_live_checkpoint.json
 """
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 import transformers
 
-from prudent.adapters.files import FrameworkCheckpoint
+from prudent.checkpoint.manager import Checkpointer
 from prudent.testing import make_settings
 from prudent.transformers import PrudentCallback
 
@@ -48,14 +49,14 @@ class Sequences(torch.utils.data.Dataset):
 
 
 def _timed(original: Any) -> Any:
-    def state_dict(self: FrameworkCheckpoint) -> dict[str, Any]:
+    def save(self: Checkpointer, *args: Any, **kwargs: Any) -> None:
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
-            return original(self)
+            return original(self, *args, **kwargs)
         finally:
             TIMES.append((time.perf_counter() - wall, time.thread_time() - cpu))
 
-    return state_dict
+    return save
 
 
 def measure(hidden: int, layers: int, steps: int) -> dict[str, Any]:
@@ -88,7 +89,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     torch.set_num_threads(1)  # two intra-op threads on a shared 2-core machine spin
-    FrameworkCheckpoint.state_dict = _timed(FrameworkCheckpoint.state_dict)  # type: ignore[method-assign]
+    Checkpointer.save = _timed(Checkpointer.save)  # type: ignore[method-assign]
     rows = [measure(hidden, layers, args.steps) for hidden, layers in SIZES]
     print(f"{'model':>22} {'params':>8} {'saves':>5} {'ckpt MB':>8} {'CPU ms':>7} {'wall ms':>8}")
     for r in rows:

@@ -38,9 +38,9 @@ def test_a_nan_snapshot_is_not_committed_and_the_good_ones_stay(tmp_path: Path,
                                                                 asynchronous: bool) -> None:
     writer = CheckpointWriter(LocalStorage(tmp_path), keep=1, asynchronous=asynchronous)
     writer.save(10, payload(1.0), {})
-    writer.wait()
+    writer.close()
     result = writer.save(20, payload(float("nan")), {})
-    writer.wait()
+    writer.close()
     result = result or writer.completed()[-1]
     assert result.not_finite == "objects.model.w" and result.path == ""
     assert writer.storage.checkpoints() == ["ckpt-0000000010"]  # keep=1 kept the good one

@@ -22,7 +22,7 @@ def test_round_trip_retention_and_fallback(storage: CheckpointStorage) -> None:
     writer = CheckpointWriter(storage, keep=2, asynchronous=True)
     for step in (10, 20, 30):
         writer.save(step, {"objects": {"w": torch.full((1000,), float(step))}}, {"epoch": 0})
-    writer.wait()
+    writer.close()
     assert all(r.error is None for r in writer.completed())
     assert storage.checkpoints() == ["ckpt-0000000030", "ckpt-0000000020"]
     loaded = load_latest(storage)
@@ -50,7 +50,7 @@ def test_shards_one_writer_wrote_round_trip_and_a_changed_one_falls_back(
         folder = f"ckpt-{step:010d}.shards"
         writer.save(step, {"objects": {}}, {}, shards=folder,
                     tensors={"model/w": torch.full((1000,), float(step))})
-    writer.wait()
+    writer.close()
     assert all(r.error is None for r in writer.completed())
     assert sorted(n for n in storage.names() if n.endswith(".shards")) == [
         "ckpt-0000000020.shards", "ckpt-0000000030.shards"]  # retained with their checkpoints

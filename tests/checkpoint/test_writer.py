@@ -20,7 +20,7 @@ def payload(value: float, size: int = 10) -> dict[str, object]:
 def test_saved_checkpoint_loads_back_with_manifest(tmp_path: Path, asynchronous: bool) -> None:
     writer = CheckpointWriter(LocalStorage(tmp_path), keep=2, asynchronous=asynchronous)
     writer.save(5, payload(5.0), {"epoch": 0})
-    writer.wait()
+    writer.close()
     loaded = load_latest(writer.storage)
     assert loaded is not None and loaded.name == "ckpt-0000000005" and not loaded.skipped
     assert torch.equal(loaded.payload["objects"]["w"], torch.full((10,), 5.0))
@@ -33,7 +33,7 @@ def test_snapshot_is_taken_before_the_tensor_changes(tmp_path: Path) -> None:
     weights = torch.zeros(1_000_000)
     writer.save(1, {"objects": {"w": weights}}, {})
     weights.add_(1.0)  # the next optimizer step, while the write is still in flight
-    writer.wait()
+    writer.close()
     loaded = load_latest(writer.storage)
     assert loaded is not None and loaded.payload["objects"]["w"].sum().item() == 0.0
 
@@ -114,3 +114,41 @@ def test_full_disk_keeps_the_previous_checkpoint_and_reports(tmp_path: Path) -> 
 def test_unknown_url_scheme_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="unknown scheme 'sftpx'"):
         open_storage("sftpx://host/path")
+
+
+def test_saves_share_one_writer_thread_which_ends_with_close(tmp_path: Path) -> None:
+    # a thread started per save made each save's caller wait for it to run (2-3 ms of stall)
+    import threading
+
+    writer = CheckpointWriter(LocalStorage(tmp_path), keep=5, asynchronous=True)
+    seen: set[int] = set()
+    for step in (1, 2, 3):
+        writer.save(step, payload(float(step)), {})
+        writer.wait()
+        seen |= {t.ident for t in threading.enumerate() if t.name == "prudent-checkpoint-writer"}
+        assert not writer.busy
+    assert len(seen) == 1
+    assert [r.step for r in writer.completed()] == [1, 2, 3]
+    writer.close()
+    assert not [t for t in threading.enumerate() if t.name == "prudent-checkpoint-writer"]
+    writer.save(4, payload(4.0), {})  # a save after close starts a thread again
+    writer.close()
+    assert load_latest(writer.storage).name == "ckpt-0000000004"  # type: ignore[union-attr]
+
+
+def test_a_save_whose_write_raises_does_not_stop_the_next_one(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    writer = CheckpointWriter(LocalStorage(tmp_path), asynchronous=True)
+    failures: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(str(args.exc_value)))
+    original = writer._write
+    monkeypatch.setattr(writer, "_write", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("bug")))
+    writer.save(1, payload(1.0), {})
+    writer.wait()  # returns: the thread told the error and waits for the next save
+    assert failures == ["bug"] and not writer.busy
+    monkeypatch.setattr(writer, "_write", original)
+    writer.save(2, payload(2.0), {})
+    writer.close()
+    assert load_latest(writer.storage).name == "ckpt-0000000002"  # type: ignore[union-attr]

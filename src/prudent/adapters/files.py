@@ -16,13 +16,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prudent.checkpoint.deferred import DeferredFile, resolve
+
 __all__ = ["FrameworkCheckpoint", "folder_files", "torch_bytes"]
 
 # writes into a folder, returns the file or folder to resume from (None: nothing new to carry)
 Writer = Callable[[Path], "Path | None"]
 # or, without the disk: {name: bytes} of the files, the first one is resumed from (None: as above);
-# or (entry, {name: bytes}) to resume from a folder the files are in
-MemoryWriter = Callable[[], "dict[str, bytes] | tuple[str, dict[str, bytes]] | None"]
+# or (entry, {name: bytes}) to resume from a folder the files are in; a file's bytes may come
+# as a DeferredFile (the object to torch.save: serialised by the checkpoint writer's thread)
+MemoryWriter = Callable[
+    [], "dict[str, bytes | DeferredFile] | tuple[str, dict[str, bytes | DeferredFile]] | None"]
 # loads the restored entry into the live framework's objects (a rollback while it trains)
 Loader = Callable[[Path], None]
 
@@ -57,6 +61,14 @@ class FrameworkCheckpoint:
         return self._load_live is not None
 
     def state_dict(self) -> dict[str, Any]:
+        """The framework's files as uint8 tensors, serialised now."""
+        return resolve(self.deferred_state_dict())
+
+    def deferred_state_dict(self) -> dict[str, Any]:
+        """As :meth:`state_dict`, but a file the in-memory writer hands over as the object to
+        ``torch.save`` stays a :class:`~prudent.checkpoint.deferred.DeferredFile`: the
+        checkpoint writer copies its tensors with the snapshot and serialises it on its own
+        thread (the Checkpointer's save asks for this one)."""
         if self._write is None:
             return dict(self._state)
         files = self._in_memory() if self._in_memory is not None else None
@@ -110,11 +122,13 @@ def torch_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _as_tensors(files: dict[str, bytes]) -> dict[str, Any]:
+def _as_tensors(files: dict[str, Any]) -> dict[str, Any]:
     """The files as uint8 tensors: ``torch.save`` stores a tensor's bytes as they are, where it
     pickles ``bytes`` (protocol 2, the one ``weights_only`` loading reads) as a latin-1 string,
-    1.5x their size for compressed or binary data. Checkpoints holding ``bytes`` still load."""
+    1.5x their size for compressed or binary data. Checkpoints holding ``bytes`` still load.
+    A DeferredFile stays one (its bytes are made later)."""
     import torch
 
-    return {name: torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+    return {name: data if isinstance(data, DeferredFile)
+            else torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
             else torch.empty(0, dtype=torch.uint8) for name, data in files.items()}

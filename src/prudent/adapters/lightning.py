@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from prudent.adapters.core import AdapterRun
-from prudent.adapters.files import torch_bytes
 from prudent.adapters.loader import ResumableLoader, loader_length
 from prudent.adapters.trackers import continue_lightning_loggers, lightning_logger_sinks
+from prudent.checkpoint.deferred import DeferredFile
 from prudent.kernel.optimizer_step import replace_next_step
 from prudent.kernel.stop import ExitCode
 
@@ -448,11 +448,14 @@ def _load_live(trainer: Any, path: Path) -> None:
 
 
 class _BytesCheckpointIO(_pl.plugins.TorchCheckpointIO):  # type: ignore[misc]
-    data: bytes | None = None
+    """Keeps the checkpoint Lightning would write: the dict, serialised by prudent's checkpoint
+    writer on its thread, from host copies of its tensors (the training thread only copies)."""
+
+    data: DeferredFile | None = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any,
                         storage_options: Any = None) -> None:
-        self.data = torch_bytes(checkpoint)
+        self.data = DeferredFile(checkpoint)
 
 
 def _returned_loss(outputs: Any) -> Any:

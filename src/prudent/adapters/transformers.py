@@ -57,6 +57,7 @@ import torch
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.files import folder_files, torch_bytes
 from prudent.adapters.trackers import trackers_follow, trainer_reporter_sinks
+from prudent.checkpoint.deferred import DeferredFile
 from prudent.kernel.optimizer_step import put_back_step, replace_next_step
 from prudent.kernel.stop import StopKind
 
@@ -206,7 +207,7 @@ class PrudentCallback(TrainerCallback):
         shutil.copytree(source, target)
         return target
 
-    def _files(self) -> tuple[str, dict[str, bytes]]:
+    def _files(self) -> tuple[str, dict[str, Any]]:
         """What prudent's checkpoint carries, made in memory (no scratch folder written and
         read back): the Trainer's folder when it saved this very step (a stop), else a
         complete Trainer folder of this step (``live/``). A folder the Trainer wrote at an
@@ -480,11 +481,10 @@ def _rng_states(args: Any) -> dict[str, Any]:
     return states
 
 
-def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
+def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """The model's, optimizer's and LR scheduler's state under the names of a Trainer
-    checkpoint's files (copies: the writer thread writes them while training goes on)."""
-    from safetensors.torch import save
-
+    checkpoint's files, each a DeferredFile: the checkpoint writer copies their tensors with
+    the snapshot and serialises them on its thread while training goes on."""
     tensors: dict[str, Any] = {}
     seen: set[tuple[Any, ...]] = set()
     for name, tensor in model.state_dict().items():
@@ -493,11 +493,17 @@ def _live_files(model: Any, optimizer: Any, scheduler: Any) -> dict[str, bytes]:
             continue  # a tied weight: saved once, as the Trainer saves it
         seen.add(where)
         tensors[name] = tensor.detach().contiguous()
-    files = {f"{LIVE}/{WEIGHTS}": save(tensors, metadata={"format": "pt"})}
+    files: dict[str, Any] = {f"{LIVE}/{WEIGHTS}": DeferredFile(tensors, _safetensors_bytes)}
     for name, obj in ((OPTIMIZER, optimizer), (SCHEDULER, scheduler)):
         if obj is not None:
-            files[f"{LIVE}/{name}"] = torch_bytes(obj.state_dict())
+            files[f"{LIVE}/{name}"] = DeferredFile(obj.state_dict())
     return files
+
+
+def _safetensors_bytes(tensors: dict[str, Any]) -> bytes:
+    from safetensors.torch import save
+
+    return save(tensors, metadata={"format": "pt"})
 
 
 def _load_weights(model: Any, folder: Path) -> None:

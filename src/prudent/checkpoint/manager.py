@@ -306,7 +306,7 @@ class Checkpointer(Component):
     def on_end(self, run: RunContext, status: str, stop_reason: StopReason | None) -> None:
         self.wait_for_shards()  # before the process ends: its thread would die mid-write
         if self.writer is not None:
-            self.writer.wait()
+            self.writer.close()
             self._report(run, self.writer.completed())
         if self._saved_objects or self._waiting_for_model:
             missing = ", ".join(sorted({**self._saved_objects, **self._waiting_for_model}))
@@ -343,10 +343,10 @@ class Checkpointer(Component):
         if not sharded:
             tensors, kept = dcp_entries(module_pairs(run.objects, saving=True), folder)
         self._last_position = run.position
-        # the training thread builds the payload: cheap for a module's state_dict (references),
-        # milliseconds for an adapter's framework checkpoint (serialised here): the loop's
-        # stall, which the automatic schedule spaces saves by, counts it (and the shards)
-        payload = {"objects": {k: kept[k] if k in kept else state_of(v)
+        # the training thread builds the payload: cheap for a module's state_dict (references)
+        # and for an adapter's framework checkpoint (its object, serialised by the writer's
+        # thread); the loop's stall, which the automatic schedule spaces saves by, counts it
+        payload = {"objects": {k: kept[k] if k in kept else state_of(v, deferred=True)
                                for k, v in run.objects.items()},
                    "run": run.state_dict()}
         meta = {"run_id": run.id, "epoch": payload["run"]["state"]["epoch"],

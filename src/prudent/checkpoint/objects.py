@@ -15,7 +15,11 @@ from prudent.kernel.errors import ConfigError
 __all__ = ["check_saveable", "restore_object", "state_of"]
 
 
-def state_of(obj: Any) -> Any:
+def state_of(obj: Any, deferred: bool = False) -> Any:
+    """What a checkpoint keeps of ``obj``. ``deferred``: for the checkpoint writer, which
+    serialises an adapter's framework files on its own thread (``deferred_state_dict``)."""
+    if deferred and hasattr(obj, "deferred_state_dict"):
+        return obj.deferred_state_dict()
     if isinstance(obj, torch.Generator):  # a script's own sampling generator: its state bytes
         return obj.get_state()
     return obj.state_dict() if hasattr(obj, "state_dict") else obj

@@ -19,6 +19,7 @@ import io
 import json
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,8 @@ from typing import Any
 
 import torch
 
+from prudent.checkpoint.deferred import DeferredFile, resolve
+from prudent.checkpoint.deferred import snapshot as snapshot_deferred
 from prudent.checkpoint.finite import first_non_finite
 from prudent.checkpoint.sharded import (
     SHARDS_SUFFIX,
@@ -42,6 +45,9 @@ __all__ = ["CheckpointWriter", "LoadedCheckpoint", "SaveResult", "host_copy", "l
            "load_latest"]
 
 STATE_FILE = "state.pt"
+# the writer's thread waits this long for the next save, then ends (saves further apart than
+# this start a thread each: ~2 ms of a save that comes seconds after the last one)
+_WORKER_IDLE_S = 2.0
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
 
@@ -108,9 +114,13 @@ class SnapshotBuffers:
             buffer = self._buffer(obj, path)
             pairs.append((obj.detach(), buffer))
             return buffer
+        if isinstance(obj, DeferredFile):  # its tensors copied now, its bytes made by the writer
+            return snapshot_deferred(obj, lambda tensor, at: self._plan(tensor, at, pairs), path)
         if isinstance(obj, dict):
             return {k: self._plan(v, (*path, k), pairs) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
+            if all(type(v) in _SCALARS for v in obj):  # Python's RNG state: 625 ints, no tensor
+                return list(obj) if isinstance(obj, list) else obj
             copied = [self._plan(v, (*path, i), pairs) for i, v in enumerate(obj)]
             return copied if isinstance(obj, list) else tuple(copied)
         return obj
@@ -128,9 +138,16 @@ class SnapshotBuffers:
             torch.cuda.synchronize()
 
 
+_SCALARS = frozenset((int, float, bool, str, bytes, type(None)))
+
+
 def _copy_all(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     for source, buffer in pairs:
         buffer.copy_(source, non_blocking=source.is_cuda)
+
+
+def _end_worker() -> None:
+    """Not a save: the writer's thread ends (``CheckpointWriter.close``)."""
 
 
 class CheckpointWriter:
@@ -141,8 +158,12 @@ class CheckpointWriter:
         self.known_bad: set[str] = set()
         self.pinned: set[str] = set()  # never deleted by retention (early stopping's best)
         self._results: queue.SimpleQueue[SaveResult] = queue.SimpleQueue()
-        self._in_flight: threading.Thread | None = None
         self._buffers = SnapshotBuffers()
+        self._jobs: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._idle = threading.Event()  # no save in flight
+        self._idle.set()
+        self._worker: threading.Thread | None = None
+        self._worker_lock = threading.Lock()
 
     def save(self, step: int, payload: dict[str, Any], meta: dict[str, Any],
              synchronous: bool = False, prepared_s: float = 0.0,
@@ -164,19 +185,57 @@ class CheckpointWriter:
         snapshot, tensors = self._buffers.copy((payload, tensors))
         self._buffers.synchronize()
         stall_s = time.perf_counter() - started
-        self._in_flight = threading.Thread(
-            target=lambda: self._results.put(
-                self._write(step, snapshot, meta, stall_s, before_commit=before_commit,
-                            shards=shards, tensors=tensors)),
-            name="prudent-checkpoint-writer", daemon=True)
-        self._in_flight.start()
+        self._submit(lambda: self._results.put(
+            self._write(step, snapshot, meta, stall_s, before_commit=before_commit,
+                        shards=shards, tensors=tensors)))
         return None
+
+    def _submit(self, job: Callable[[], None]) -> None:
+        """Hand ``job`` to the writer's thread, started only when none is waiting for work:
+        ``Thread.start`` blocks its caller until the new thread runs, and that thread, busy
+        with the write, holds the GIL for milliseconds (2-3 ms of each save's stall)."""
+        self._idle.clear()
+        with self._worker_lock:
+            self._jobs.put(job)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True,
+                                                name="prudent-checkpoint-writer")
+                self._worker.start()
+
+    def _work(self) -> None:
+        """The writer's thread: one save at a time; ends after a while without any."""
+        while True:
+            try:
+                job = self._jobs.get(timeout=_WORKER_IDLE_S)
+            except queue.Empty:
+                with self._worker_lock:
+                    if self._jobs.empty():
+                        self._worker = None
+                        return
+                continue
+            if job is _end_worker:
+                return
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - told as a thread's own error is; the thread goes on
+                threading.excepthook(threading.ExceptHookArgs(
+                    (*sys.exc_info(), threading.current_thread())))
+            finally:
+                self._idle.set()
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is durable or failed."""
-        if self._in_flight is not None:
-            self._in_flight.join()
-            self._in_flight = None
+        self._idle.wait()
+
+    def close(self) -> None:
+        """Wait for the save in flight, then end the writer's thread (the run has ended)."""
+        self.wait()
+        with self._worker_lock:
+            worker, self._worker = self._worker, None
+            if worker is not None:
+                self._jobs.put(_end_worker)
+        if worker is not None:
+            worker.join()
 
     def completed(self) -> list[SaveResult]:
         """Results of background saves finished since the last call (training thread)."""
@@ -191,7 +250,7 @@ class CheckpointWriter:
 
     @property
     def busy(self) -> bool:
-        return self._in_flight is not None and self._in_flight.is_alive()
+        return not self._idle.is_set()
 
     def _write(self, step: int, snapshot: dict[str, Any], meta: dict[str, Any],
                stall_s: float, synchronous: bool = False, prepared_s: float = 0.0,
@@ -208,6 +267,7 @@ class CheckpointWriter:
                 result.error = f"{result.not_finite} holds NaN or infinite values"
                 result.write_s = time.perf_counter() - started
                 return result
+            snapshot = resolve(snapshot)  # a framework's files serialised here, off the loop
             if tensors and shards is not None:
                 write_shards(self.storage, shards, tensors)
             handle = self.storage.begin(name)
