@@ -38,6 +38,16 @@ def _framework_file(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
             "hyper_parameters": {"lr": 0.1, "layers": [8, 16, 2]}, "epoch": 3}
 
 
+def _serialiser_noting_its_thread(threads: list[str]) -> Any:
+    def serialise(obj: Any) -> bytes:
+        threads.append(threading.current_thread().name)
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return buffer.getvalue()
+
+    return serialise
+
+
 def _written_file(storage: LocalStorage) -> dict[str, Any]:
     loaded = load_latest(storage)
     assert loaded is not None and not loaded.skipped
@@ -51,12 +61,7 @@ def test_the_file_is_written_as_it_was_when_the_save_began(tmp_path: Path) -> No
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     momentum = [s["momentum_buffer"].clone() for s in optimizer.state.values()]
     threads: list[str] = []
-
-    def serialise(obj: Any) -> bytes:
-        threads.append(threading.current_thread().name)
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        return buffer.getvalue()
+    serialise = _serialiser_noting_its_thread(threads)
 
     writer = CheckpointWriter(LocalStorage(tmp_path), asynchronous=True)
     deferred = DeferredFile(_framework_file(model, optimizer), serialise)
@@ -95,12 +100,7 @@ def test_a_file_the_snapshot_cannot_copy_is_serialised_at_once_on_the_training_t
     # begins (as before deferral), so the loop's changes after it are not in it either
     dense = torch.zeros(4)
     threads: list[str] = []
-
-    def serialise(obj: Any) -> bytes:
-        threads.append(threading.current_thread().name)
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        return buffer.getvalue()
+    serialise = _serialiser_noting_its_thread(threads)
 
     obj = {"sparse": torch.eye(3).to_sparse(), "dense": dense}
     writer = CheckpointWriter(LocalStorage(tmp_path), asynchronous=True)
