@@ -58,7 +58,13 @@ class _RollBackAt(Component):
         return state
 
 
-def test_a_rollback_during_fit_puts_the_live_weights_and_optimizer_back(tmp_path: Path) -> None:
+@pytest.mark.parametrize("io", ["default", "async"])
+def test_a_rollback_during_fit_puts_the_live_weights_and_optimizer_back(tmp_path: Path,
+                                                                        io: str) -> None:
+    # with the script's AsyncCheckpointIO, Lightning's file was written in its thread, after
+    # prudent had read (and removed) the scratch folder it was to be written in
+    from lightning.pytorch.plugins import AsyncCheckpointIO
+
     from prudent.lightning import PrudentCallback
 
     settings = make_settings(tmp_path, checkpoint={"every": "5steps", "at_epoch_end": False})
@@ -68,7 +74,8 @@ def test_a_rollback_during_fit_puts_the_live_weights_and_optimizer_back(tmp_path
     cb.adapter.ctx.add_component(probe)
     trainer = L.Trainer(max_steps=12, callbacks=[cb], accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+                        enable_model_summary=False,
+                        plugins=[AsyncCheckpointIO()] if io == "async" else None)
     trainer.fit(module, tiny_loader(num_samples=64, batch_size=8))
 
     assert probe.restored is not None and probe.restored[1] == 5

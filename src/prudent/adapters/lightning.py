@@ -415,15 +415,19 @@ def _save(trainer: Any, folder: Path) -> Path:
     return path
 
 
-def _save_in_memory(trainer: Any) -> dict[str, bytes] | None:
-    """``trainer.save_checkpoint`` with the strategy's default ``TorchCheckpointIO`` swapped,
-    for this one call, for one that keeps the bytes it would write (the same bytes: it
-    serialises the same way): no file written and read back on the training thread. A
-    CheckpointIO of the script's own (async, cloud, sharded strategies) is left to write its
-    files (None: the caller falls back to them)."""
+def _save_in_memory(trainer: Any) -> dict[str, Any] | None:
+    """``trainer.save_checkpoint`` with the strategy's default ``TorchCheckpointIO`` (or
+    Lightning's ``AsyncCheckpointIO`` around it) swapped, for this one call, for one that keeps
+    the checkpoint it would write (the same bytes, serialised by prudent's writer thread): no
+    file written and read back on the training thread, nor written by a thread of Lightning's
+    after prudent read its folder. A CheckpointIO of the script's own (cloud, sharded
+    strategies) is left to write its files (None: the caller falls back to them)."""
     strategy = trainer.strategy
     previous = strategy.checkpoint_io
-    if type(previous) is not _pl.plugins.TorchCheckpointIO:
+    inner = (previous.checkpoint_io if isinstance(previous, _pl.plugins.AsyncCheckpointIO)
+             else previous)
+    if type(inner) is not _pl.plugins.TorchCheckpointIO and not (
+            inner is None and isinstance(previous, _pl.plugins.AsyncCheckpointIO)):
         return None
     keep = _BytesCheckpointIO()
     strategy.checkpoint_io = keep
