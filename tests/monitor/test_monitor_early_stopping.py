@@ -232,3 +232,27 @@ def test_an_evaluation_only_before_training_is_not_called_never_logged(tmp_path:
     store.close()
     assert len(blind) == 1
     assert "never logged" not in blind[0] and "val_loss was logged only at step 0" in blind[0]
+
+
+def test_one_evaluation_of_patience_needs_a_training_loss_that_surely_stood_still() -> None:
+    # DESIGN.md's script (60 planned steps, an evaluation per 12-step epoch), unseeded: in ~1
+    # run of 12 its accuracy sits at the majority class for two epochs while the mean training
+    # loss falls 0.748 -> 0.719 (3.9%, under still_train's 5%), each mean of 12 losses with a
+    # standard error of ~0.012: the fall is within the noise, no evidence of standing still
+    def fired(first_se: float | None, now_se: float | None, train: tuple[float, float],
+              values: tuple[float, ...] = (0.4688, 0.4688)) -> int | None:
+        rule = EarlyStoppingRule()
+        rule.fit(60)
+        trains = (*train, *[train[-1] - 0.03 * i for i in range(1, len(values) - 1)])
+        ses = (first_se, *[now_se] * (len(values) - 1))
+        for index, (value, loss, se) in enumerate(zip(values, trains, ses, strict=True), 1):
+            if rule.check(Window(evals=[EvalSample(12 * index, {"val_acc": value}, loss, se)])):
+                return index
+        return None
+
+    assert fired(0.0128, 0.0112, (0.7482, 0.7189)) is None  # healthy: not stopped at the 2nd
+    assert fired(None, None, (0.7482, 0.7189)) == 2  # without the noise: judged still, as before
+    # a loss that surely stood still (random labels: long windows, a tiny standard error)
+    assert fired(0.002, 0.002, (2.309, 2.280)) == 2
+    # and a run that keeps learning nothing still stops at the next one (patience 2)
+    assert fired(0.0128, 0.0112, (0.7482, 0.7189), (0.4688,) * 3) == 3

@@ -117,11 +117,13 @@ class MemorySample:
 
 @dataclass(frozen=True)
 class EvalSample:
-    """What ``run.log`` reported, with the mean training loss since the previous log."""
+    """What ``run.log`` reported, with the mean training loss since the previous log and that
+    mean's standard error (None under two losses)."""
 
     step: int
     metrics: dict[str, float]
     train_loss: float | None
+    train_loss_se: float | None = None
 
 
 @dataclass

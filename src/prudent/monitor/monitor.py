@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 import os
 import signal
 import sys
@@ -78,7 +77,8 @@ class Monitor(Component):
         self.stream = stream
         self.quiet = quiet
         self._muted_until: dict[str, int] = {}
-        self._train_loss = [0.0, 0]  # sum and count of finite losses since the last log
+        self._train_loss = [0.0, 0, 0.0]  # sum, count, sum of squares of the finite losses
+        # since the last log
         self.start_loss: float | None = None  # see Window.start_loss
         self._start_values: list[float] = []
         self._watchdog: StallWatchdog | None = None
@@ -493,7 +493,7 @@ class Monitor(Component):
         self._count_train_loss(window)
         window.start_loss = self._start_loss(window)
         if logged is not None and self._new_evaluation(run.state.step, logged):
-            window.evals.append(EvalSample(run.state.step, dict(logged), self._mean_train_loss()))
+            window.evals.append(EvalSample(run.state.step, dict(logged), *self._mean_train_loss()))
         if self._repaired:  # repair before stop: what the skipped updates measured is no
             window.repaired = frozenset(self._repaired)  # evidence for the rules after it
             self._repaired = [s for s in self._repaired if s > run.state.step]
@@ -761,9 +761,10 @@ class Monitor(Component):
                                 "host": host_name(), "time": time.time()})
 
     def _count_train_loss(self, window: Window) -> None:
-        losses = window.finite_losses()
-        self._train_loss[0] += sum(map(operator.itemgetter(1), losses))
-        self._train_loss[1] += len(losses)
+        values = [v for _, v in window.finite_losses()]
+        self._train_loss[0] += sum(values)
+        self._train_loss[1] += len(values)
+        self._train_loss[2] += sum(v * v for v in values)
 
     def _start_loss(self, window: Window) -> float | None:
         """Where the run's loss started (the median: an exploding first step is no start)."""
@@ -774,10 +775,17 @@ class Monitor(Component):
                 self.start_loss = sorted(self._start_values)[START_STEPS // 2]
         return self.start_loss
 
-    def _mean_train_loss(self) -> float | None:
-        total, count = self._train_loss
-        self._train_loss = [0.0, 0]
-        return total / count if count else None
+    def _mean_train_loss(self) -> tuple[float | None, float | None]:
+        """The mean training loss since the last log, and its standard error."""
+        total, count, squares = self._train_loss
+        self._train_loss = [0.0, 0, 0.0]
+        if not count:
+            return None, None
+        mean = total / count
+        if count < 2:
+            return mean, None
+        variance = max(0.0, (squares - count * mean * mean) / (count - 1))
+        return mean, math.sqrt(variance / count)
 
     # the stalled rule ---------------------------------------------------------------------
     def _start_watchdog(self, run: RunContext) -> None:

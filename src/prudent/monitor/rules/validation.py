@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import Field
@@ -57,7 +58,8 @@ class EarlyStoppingSettings(RuleSettings):
     still_train: float = Field(0.05, ge=0, le=1, description="The first evaluation without "
                                "improvement is enough (Keras' default patience) when, besides "
                                "the metric never beating its first evaluation, the training "
-                               "loss moved less than this since then, relative (random labels: "
+                               "loss moved less than this since then, relative, with twice "
+                               "the two means' standard errors to spare (random labels: "
                                "1.3%; the healthy runs that learn slowest fall 10% between "
                                "their first two evaluations), over at least a twentieth of the "
                                "planned run (an evaluation per epoch of a 20-epoch run; closer "
@@ -89,7 +91,7 @@ class EarlyStoppingRule(Rule):
     Settings = EarlyStoppingSettings
     settings: EarlyStoppingSettings
     state_fields = ("metric", "best", "best_step", "waited", "num_evals", "first_step",
-                    "first_train", "start", "too_early")
+                    "first_train", "first_train_se", "start", "too_early")
 
     def __init__(self, settings: EarlyStoppingSettings | None = None) -> None:
         super().__init__(settings)
@@ -100,6 +102,7 @@ class EarlyStoppingRule(Rule):
         self.num_evals = 0
         self.first_step: int | None = None  # the first evaluation, and the training loss then
         self.first_train: float | None = None
+        self.first_train_se: float | None = None  # the standard error of that mean
         self.improved = False
         self.judged = False  # saw the metric at least once (kept when the rule starts over)
         self.planned: int | None = None  # the run's planned steps (fit)
@@ -144,6 +147,7 @@ class EarlyStoppingRule(Rule):
         self.judged = True
         if self.first_step is None:
             self.first_step, self.first_train = sample.step, sample.train_loss
+            self.first_train_se = sample.train_loss_se
         reference = self.best
         if s.baseline is not None:
             reference = min(reference if reference is not None else float("inf"),
@@ -166,14 +170,18 @@ class EarlyStoppingRule(Rule):
     def _still(self, sample: EvalSample) -> bool:
         """The training loss has not moved (``still_train``) over at least a twentieth of the
         planned run since the first evaluation: with the metric at its first value, one more
-        evaluation adds nothing but steps."""
+        evaluation adds nothing but steps. Not moved means that even with twice the noise of
+        the two means (their standard errors) the move stays under ``still_train``: means of a
+        few noisy steps that fell 4% (a healthy run's first two epochs of 12 steps, its
+        accuracy still at the majority class) are no evidence of standing still."""
         first, now, s = self.first_train, sample.train_loss, self.settings
         if (not s.still_train or not self.planned or self.first_step is None
                 or not finite(first) or not finite(now)):
             return False
         if sample.step - self.first_step < self.planned / 20:
             return False
-        return abs(now - first) < s.still_train * abs(first)  # type: ignore[operator]
+        noise = 2 * math.hypot(self.first_train_se or 0.0, sample.train_loss_se or 0.0)
+        return abs(now - first) + noise < s.still_train * abs(first)  # type: ignore[operator]
 
     def _nothing_learned(self, sample: EvalSample) -> bool:
         """The best is still the first evaluation and the training loss has not fallen
