@@ -77,8 +77,8 @@ class Monitor(Component):
         self.stream = stream
         self.quiet = quiet
         self._muted_until: dict[str, int] = {}
-        self._train_loss = [0.0, 0, 0.0]  # sum, count, sum of squares of the finite losses
-        # since the last log
+        # the finite losses since the last log: their sum, count and sum of squares
+        self._train_loss = [0.0, 0, 0.0]
         self.start_loss: float | None = None  # see Window.start_loss
         self._start_values: list[float] = []
         self._watchdog: StallWatchdog | None = None
