@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from prudent.checkpoint.finite import tensors_in
+
 __all__ = ["DeferredFile", "resolve", "snapshot"]
 
 
@@ -50,15 +52,16 @@ def snapshot(deferred: DeferredFile, host_buffer: Callable[[torch.Tensor, tuple[
     ``OrderedDict`` and its ``_metadata``). An object that cannot be copied so (a tensor
     subclass, a sparse tensor, something ``deepcopy`` refuses) is serialised now, on the
     calling thread, as it was before deferral: the bytes are right, only sooner."""
+    found = list(tensors_in(deferred.obj, path))
+    if not all(_plain(tensor) for _, tensor in found):
+        return deferred.to_tensor()
     memo: dict[int, Any] = {}
+    for at, tensor in found:
+        if id(tensor) not in memo:
+            memo[id(tensor)] = host_buffer(tensor, at)
     try:
-        for at, tensor in _tensors(deferred.obj, path):
-            if not _plain(tensor):
-                raise _NotDeferrable(at)
-            if id(tensor) not in memo:
-                memo[id(tensor)] = host_buffer(tensor, at)
         return DeferredFile(copy.deepcopy(deferred.obj, memo), deferred.serialise)
-    except Exception:  # noqa: BLE001 - any refusal: the bytes now, as before deferral
+    except Exception:  # noqa: BLE001 - anything deepcopy refuses: the bytes now, as before
         return deferred.to_tensor()
 
 
@@ -74,21 +77,6 @@ def resolve(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return tuple(resolve(v) for v in obj)
     return obj
-
-
-class _NotDeferrable(Exception):
-    pass
-
-
-def _tensors(obj: Any, path: tuple[Any, ...]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, dict):
-        for key, value in obj.items():
-            yield from _tensors(value, (*path, key))
-    elif isinstance(obj, (list, tuple)):
-        for index, value in enumerate(obj):
-            yield from _tensors(value, (*path, index))
 
 
 def _plain(tensor: torch.Tensor) -> bool:

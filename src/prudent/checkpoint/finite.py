@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["first_non_finite"]
+__all__ = ["first_non_finite", "tensors_in"]
 
 
 def first_non_finite(snapshot: Any) -> str | None:
@@ -42,13 +42,20 @@ def _all_finite(tensors: list[torch.Tensor]) -> bool:
     return math.isfinite(total)
 
 
-def _float_tensors(obj: Any, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
+def tensors_in(obj: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
+    """Every tensor reachable through ``obj``'s dicts, lists and tuples, with its path."""
     if isinstance(obj, torch.Tensor):
-        if (obj.is_floating_point() or obj.is_complex()) and obj.numel() and not obj.is_sparse:
-            yield path, obj.detach()
+        yield path, obj
     elif isinstance(obj, dict):
         for key, value in obj.items():
-            yield from _float_tensors(value, (*path, key))
+            yield from tensors_in(value, (*path, key))
     elif isinstance(obj, (list, tuple)):
         for i, value in enumerate(obj):
-            yield from _float_tensors(value, (*path, i))
+            yield from tensors_in(value, (*path, i))
+
+
+def _float_tensors(obj: Any, path: tuple[Any, ...]) -> Iterator[tuple[tuple[Any, ...], torch.Tensor]]:
+    for at, tensor in tensors_in(obj, path):
+        if ((tensor.is_floating_point() or tensor.is_complex()) and tensor.numel()
+                and not tensor.is_sparse):
+            yield at, tensor.detach()
