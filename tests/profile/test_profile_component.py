@@ -16,7 +16,7 @@ import prudent
 from prudent.profile import Profiler
 from prudent.profile.summary import summary_line
 from prudent.store.database import Store
-from prudent.testing import make_settings, tiny_model
+from prudent.testing import StopAtStep, make_settings, tiny_model
 
 
 class SleepyLoader:
@@ -274,6 +274,41 @@ def test_the_loop_time_an_asynchronous_save_takes_is_charged_to_checkpoint(home:
     seconds = {name: row["s"] for name, row in summary["breakdown"].items()}
     # the snapshot copies 16 MB while the loop waits; before, it was lost in "other"
     assert seconds["checkpoint"] > seconds["other"] and seconds["checkpoint"] > 0.005
+
+
+def test_a_resumed_runs_samples_are_recorded_at_the_runs_steps(
+        home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # recorded at this process's count of steps (and at 0 before its first), a relaunch's
+    # samples sat under the previous attempt's curve, and TensorBoard, purging from the first
+    # step the relaunch wrote, dropped that whole attempt
+    monkeypatch.setenv("PRUDENT_RUN_ID", "resumed")
+
+    def attempt(stop_at: int | None = None, setup_s: float = 0.0) -> None:
+        settings = make_settings(home, profile={"interval_s": 0.02})
+        run = prudent.init(name="t", settings=settings, exit_on_stop=False)
+        if stop_at is not None:
+            run.context.add_component(StopAtStep(stop_at))
+        time.sleep(setup_s)  # the script loads its data: samples before the resume is known
+        model = tiny_model(in_features=4)
+        run.attach(model=model)
+        with run:
+            for _ in run.steps(30):
+                run.backward(model(torch.zeros(8, 4)).sum())
+                time.sleep(0.005)
+                run.step(loss=0.0)
+
+    attempt(stop_at=10)
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
+    try:
+        first = len(store.metric_series("resumed", "profile/cpu_pct"))
+        attempt(setup_s=0.15)
+        steps = [step for step, _ in store.metric_series("resumed", "profile/cpu_pct")]
+    finally:
+        store.close()
+    before, after = steps[:first], steps[first:]
+    assert before and max(before) <= 11, before  # at the step in progress: the stop's is 11
+    assert len(after) >= 8 and min(after) == 11 and max(after) == 30, after
+    assert after == sorted(after), after  # one curve, in the order it was taken
 
 
 def test_samples_go_to_the_store_with_the_time_split_and_stay_out_of_the_latest_values(

@@ -52,6 +52,8 @@ class Profiler(Component):
         self._stream = stream
         self._next_special = 1  # the next step that needs a look: the first, or the trace's
         self._first_seen = False
+        self._held: list[tuple[float, dict[str, float]]] = []  # samples before the first step
+        self._ending = False
         self._device = "cpu"
         self._cuda_index: int | None = None
         self._gpu_position: int | None = None  # the training GPU in the sampler's list
@@ -130,7 +132,7 @@ class Profiler(Component):
             self._times = run.keep_loop_times(self)
             run.subscribe(self, Event.BATCH_LOADED, False)
         self._run = run
-        self.sampler.on_sample = lambda sample: _record_sample(run, sample)
+        self.sampler.on_sample = lambda sample: self._record_sample(run, sample)
         self.sampler.start()
         if self.trace is not None and self.trace.window.start == 0:
             self._begin_trace(run, 0)
@@ -155,6 +157,7 @@ class Profiler(Component):
             self.timer.finish(clock())
             self._close_trace(run)
         finally:
+            self._ending = True
             self.sampler.stop()
         try:
             self._report(run)
@@ -165,8 +168,8 @@ class Profiler(Component):
     # steps that need a look ---------------------------------------------------------------
     def _special(self, run: RunContext, step: int, metrics: dict[str, Any]) -> None:
         if not self._first_seen:
-            self._first_seen = True
             self.timer.number_steps_from(step - 1)
+            self._first_seen = True  # after: the sampler's thread then reads first_step
             if self._cuda_index is None:
                 self._device_from_metrics(metrics)
             self._check_window_reachable(run, step)
@@ -314,6 +317,28 @@ class Profiler(Component):
         total = torch.cuda.get_device_properties(self._cuda_index).total_memory / MB
         return total, torch.cuda.max_memory_reserved(self._cuda_index) / MB
 
+    def _record_sample(self, run: RunContext, sample: dict[str, Any]) -> None:
+        """One sample into the run's record as ``profile/*`` metrics, so its timeline
+        (throughput, utilisation, the time split over the run) is read from the store on any
+        machine, not only from ``profile.json`` in the run's folder. Called on the sampler's
+        thread.
+
+        A sample is recorded at the run's step in progress (the last one done at the end),
+        the step its trackers' curves share. A sample's own ``step`` counts this process's
+        steps, and a resumed run's step is only known once its first step is done: samples
+        taken before wait for it. Recorded at step 0, they would sit under the previous
+        attempt's curve, and TensorBoard, purging from the first step a relaunch writes,
+        would drop all of it."""
+        wall, values = time.time(), _sample_values(sample)
+        if not self._first_seen and not self._ending:
+            self._held.append((wall, values))
+            return
+        before = self.timer.first_step if self._first_seen else run.state.step
+        now = before + sample["step"] + (0 if self._ending else 1)
+        rows = [(min(before + 1, now), held_wall, held) for held_wall, held in self._held]
+        self._held = []
+        run.writer.put_metrics(run.id, [*rows, (now, wall, values)], latest=False)
+
     # the end ------------------------------------------------------------------------------
     def _progress(self) -> tuple[int, int, float]:
         """Steps, samples and tokens so far (on the sampler's thread): the kernel's counts,
@@ -392,10 +417,8 @@ def _recorded_findings(run: RunContext) -> list[dict[str, Any]]:
             if e["kind"] == EventKind.FINDING.value and e["wall"] >= run.started_at]
 
 
-def _record_sample(run: RunContext, sample: dict[str, Any]) -> None:
-    """One sample into the run's record as ``profile/*`` metrics, so its timeline (throughput,
-    utilisation, the time split over the run) is read from the store on any machine, not only
-    from ``profile.json`` in the run's folder. Called on the sampler's thread."""
+def _sample_values(sample: dict[str, Any]) -> dict[str, float]:
+    """A sample's readings as ``profile/*`` metric values."""
     values: dict[str, float] = {}
     for key, value in sample.items():
         if key in ("t", "step"):
@@ -407,4 +430,4 @@ def _record_sample(run: RunContext, sample: dict[str, Any]) -> None:
                         values[f"{PROFILE_METRICS}gpu{index}_{name}"] = float(gpu[name])
         elif isinstance(value, (int, float)):
             values[PROFILE_METRICS + key] = float(value)
-    run.writer.put_metrics(run.id, [(sample["step"], time.time(), values)], latest=False)
+    return values
