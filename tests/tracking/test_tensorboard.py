@@ -93,6 +93,26 @@ def test_resumed_tensorboard_run_purges_the_steps_it_does_again(tmp_path: Path) 
         (20, "[checkpoint/resumed] from 20")]
 
 
+def test_a_resumed_run_purges_from_the_step_after_its_checkpoint_whatever_it_writes_first(
+        tmp_path: Path) -> None:
+    # purged from the first row's step, an evaluation the relaunch does again at the
+    # checkpoint's step (or any row below it) dropped every tag of the steps before it
+    info = RunInfo(run_id="r3", name="r", run_dir=tmp_path / "run")
+    settings = TensorBoardSettings(logdir=str(tmp_path / "tb"))
+    first = TensorBoardSink(settings, info)
+    first.write_metrics(rows(range(1, 31), 0.0))
+    first.close("failed")
+    second = TensorBoardSink(settings, info)
+    second.write_events([{"step": 20, "kind": "checkpoint", "name": "resumed", "message": "from 20",
+                          "payload": "{}", "wall": 2e9}])
+    second.write_metrics([{"step": 20, "name": "val_loss", "value": 0.5, "wall": 2e9},
+                          *rows(range(21, 41), 100.0)])
+    second.close("completed")
+    board = read(tmp_path / "tb" / "r3")
+    assert [s.step for s in board.Scalars("loss")] == list(range(1, 41))
+    assert [(s.step, s.value) for s in board.Scalars("val_loss")] == [(20, 0.5)]
+
+
 def test_first_attempt_does_not_purge_and_events_before_metrics_are_kept(tmp_path: Path) -> None:
     info = RunInfo(run_id="r2", name="r", run_dir=tmp_path / "run")
     sink = TensorBoardSink(TensorBoardSettings(logdir=str(tmp_path / "tb")), info)

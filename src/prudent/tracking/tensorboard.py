@@ -6,8 +6,12 @@ the curves' step axis. The run's config is a markdown table (``prudent/config``)
 text (``prudent/summary``) and scalars (``prudent/cost_usd``).
 
 Resume: when the run's folder already holds event files, the writer is opened with
-``purge_step`` at the first step this attempt writes, so TensorBoard drops what the previous
-attempt wrote from there on (steps done again after a kill) and the curve stays one line.
+``purge_step`` at the first step this attempt trains (the one after the checkpoint it resumed
+from, or the first step it writes when it resumed from none), so TensorBoard drops what the
+previous attempt wrote from there on (steps done again after a kill) and the curve stays one
+line. A row this attempt writes at an earlier step (an evaluation the script does again at
+the checkpoint's step) never purges what came before it: TensorBoard's purge takes every tag
+at once.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ __all__ = ["TensorBoardSink", "is_summary_writer"]
 
 class TensorBoardSink(TrackerSink):
     name = "tensorboard"
+    _resumed_at: int | None = None  # the step of the checkpoint this attempt resumed from
 
     def __init__(self, settings: TensorBoardSettings, info: RunInfo) -> None:
         tensorboard = require("torch.utils.tensorboard", "tensorboard")
@@ -56,6 +61,8 @@ class TensorBoardSink(TrackerSink):
 
     def _open_writer(self, first_step: int | None) -> Any:
         if self._writer is None:
+            if self._resumed_at is not None:
+                first_step = self._resumed_at + 1
             purge = first_step if (self._purge and first_step is not None
                                    and _has_events(self.logdir)) else None
             self._writer = self._writer_class(self.logdir, purge_step=purge, flush_secs=30)
@@ -77,6 +84,8 @@ class TensorBoardSink(TrackerSink):
     def write_events(self, rows: list[Row]) -> None:
         if self._writer is None:
             self._waiting.append(("events", rows))
+            self._resumed_at = next((row["step"] for row in rows if (row["kind"], row["name"])
+                                     == ("checkpoint", "resumed")), self._resumed_at)
             return
         for row in rows:
             step, wall = row["step"], row["wall"]
