@@ -326,9 +326,9 @@ class Profiler(Component):
         A sample is recorded at the run's step in progress (the last one done at the end),
         the step its trackers' curves share. A sample's own ``step`` counts this process's
         steps, and a resumed run's step is only known once its first step is done: samples
-        taken before wait for it. Recorded at step 0, they would sit under the previous
-        attempt's curve, and TensorBoard, purging from the first step a relaunch writes,
-        would drop all of it."""
+        taken before wait for it. Recorded at this process's count, a relaunch's samples
+        would sit under the previous attempt's curve, and W&B, whose step only goes up,
+        would refuse them."""
         wall, values = time.time(), _sample_values(sample)
         if not self._first_seen and not self._ending:
             self._held.append((wall, values))
