@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,7 +182,8 @@ def test_console_line_goes_to_stderr_and_is_silent_when_the_console_is_off(
     with run:
         run.step(loss=1.0)
     err = capsys.readouterr().err
-    assert f"prudent | {run.id} | profile: 1 step in 0:00:00" in err
+    # 0:00:01 when the run's first save imports torch.distributed.checkpoint (this test alone)
+    assert re.search(rf"prudent \| {run.id} \| profile: 1 step in 0:00:0\d \(", err), err
     assert "no bottleneck found" in err
     train(home, steps=3)
     assert "profile:" not in capsys.readouterr().err
