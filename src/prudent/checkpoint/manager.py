@@ -112,6 +112,10 @@ class Checkpointer(Component):
         self.ranks = ranks_from_env()
         self.read_only = not self.ranks.is_main
         self.storage = open_storage(self.settings.location(run.id, _default_location(run)))
+        # every save goes through DCP, whose import takes 1-2 s in a cold process: paid here,
+        # before the first step, not inside the first save, where it would count as the loop's
+        # stall (every: auto spaced the next saves by it; a short stalled timeout fired on it)
+        import torch.distributed.checkpoint.state_dict  # noqa: F401
         self.writer = CheckpointWriter(self.storage, self.settings.keep,
                                        asynchronous=self.settings.mode == "async")
         try:
@@ -323,9 +327,6 @@ class Checkpointer(Component):
         (``RunContext.boundary``), where a resumed loop starts again."""
         assert self.writer is not None
         state = run.state
-        # imported before the clock starts: the first save would otherwise count ~0.1 s of
-        # importing DCP as its stall, and every: auto would space the next saves by that
-        import torch.distributed.checkpoint.state_dict  # noqa: F401
         started = time.perf_counter()
         every_rank = every_rank and _ranks_agree(run)
         folder = checkpoint_name(state.step) + SHARDS_SUFFIX  # models' state, beside it
@@ -571,11 +572,14 @@ def _rows_first(run: RunContext, then: Callable[[], None] | None) -> Callable[[]
     rows handed to it so far, those of the checkpoint's steps among them; a run resumed from
     the checkpoint does not train those steps again, so rows that died with the process (a
     SIGKILL) would be lost for good. A store that does not answer within ROWS_WAIT_S does not
-    hold the checkpoint back (its rows wait in memory, or in the record, as ever)."""
+    hold the checkpoint back (its rows wait in memory, or in the record, as ever). Then the
+    run's record in the bucket takes them (``run.before_commit``): a new machine finds them."""
     def before_commit() -> None:
         if then is not None:
             then()
         run.writer.flush(timeout_s=ROWS_WAIT_S)
+        for export in run.before_commit:
+            export(run)
 
     return before_commit
 
