@@ -133,6 +133,28 @@ def test_heartbeat_is_written_while_training(machine: Any, tmp_path: Path) -> No
     assert seen[-1]["last_seen"] > seen[0]["last_seen"] and seen[-1]["attempt_usd"] > 0
 
 
+def test_a_checkpoint_commits_only_once_the_bucket_holds_its_steps_rows(
+        machine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine may vanish right after a checkpoint commits, before the record's thread
+    wakes: the thread never runs here, and the bucket must still hold every loss row of the
+    checkpoint's steps (and the 'saved' event of the checkpoint before it)."""
+    monkeypatch.setattr(RecordSync, "_loop", lambda self, run: None)
+    storage = open_storage(str(tmp_path / "bucket"))
+    seen: dict[int, tuple[list[int], list[int]]] = {}
+
+    class Peek(Component):
+        def on_checkpoint_saved(self, ctx: Any, path: str) -> None:
+            record = read_record(storage, "spot1")
+            assert record is not None
+            rows = [r for s in record.segments for r in s.metrics if r[1] == "loss"]
+            saved = [r[0] for s in record.segments for r in s.events if r[2] == "saved"]
+            seen[ctx.state.step] = (sorted(r[0] for r in rows), saved)
+
+    machine("a", steps=7, extra=(Peek(),)).close()
+    assert seen[3] == ([1, 2, 3], [])
+    assert seen[6] == ([1, 2, 3, 4, 5, 6], [3])
+
+
 def _segment(run_id: str, attempt: Attempt, events: list[list[Any]] | None = None) -> bytes:
     return encode_segment(Segment(run_id, attempt, 0, {"started_at": attempt.started_at},
                                   events or [], [[1, "loss", 0.5, attempt.started_at + 1]]))

@@ -114,6 +114,10 @@ class RunContext:
         # rows a component still holds go to the store writer, which the checkpoint's commit
         # then waits for (a checkpoint never outlives the metric rows of its steps)
         self.before_checkpoint: list[Callable[[RunContext], None]] = []
+        # called on the checkpoint writer's thread once the store holds those rows, before the
+        # checkpoint commits: the run's record in the bucket takes them (a new machine that
+        # resumes from the checkpoint finds every row of the steps it does not train again)
+        self.before_commit: list[Callable[[RunContext], None]] = []
         self.resume_carried: dict[str, Any] = {}  # the checkpoint's, for each name's first call
         from prudent.kernel.rng import torch_generator_keeper
 

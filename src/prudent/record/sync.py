@@ -6,9 +6,11 @@ restores the model: a new machine continues the history, the restart count and t
 Then, on its own thread (the training thread only sets a flag when a checkpoint is saved):
 after each checkpoint and every ``checkpoint.heartbeat_interval``, a segment of the rows the
 store gained since the last one (if any) and a heartbeat; at the end a last segment and a
-final heartbeat that says how the attempt ended. A machine that vanishes loses what its
-store had not committed by its last heartbeat (metrics reach the store within about a
-second).
+final heartbeat that says how the attempt ended. Before a checkpoint commits, its writer's
+thread writes a segment too (``run.before_commit``): the bucket never holds a checkpoint
+without the rows of its steps, nor without the events before it (an earlier checkpoint's
+``saved`` among them). A machine that vanishes loses what its store had not committed by
+its last heartbeat, never a row of a step its successor does not train again.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class RecordSync(Component):
         self._cursor = newest_ids(run.store, run.id)
         self._backlog = self._not_exported(run, storage_keys)
         run.add_component(_Finisher(self))  # last, so its on_end sees every other's record
+        run.before_commit.append(lambda run: self._guarded(self._export, run))
         if hasattr(run.writer, "journal"):
             run.writer.journal = lambda metric_rows, event_rows: self._journal(
                 run.id, metric_rows, event_rows)
