@@ -276,7 +276,11 @@ def test_a_resume_after_a_rollback_that_skipped_batches_is_exact(
     # rollback's own step, the checkpoint holds the skip still to come: the resumed run makes
     # it, and counts it too (stopped again later in the epoch and resumed, it is still exact)
     def settings() -> ProjectSettings:
+        # the monitor's cadence pinned: by default it follows the measured step time, so the
+        # step a check (and the rollback) lands on may differ between the reference and the
+        # stopped run, and "stopped at the rollback's own step" would not be
         return make_settings(tmp_path, monitor={"max_check_every_steps": 10,
+                                                "grad_norm_every_steps": 1, "overhead_budget": 1.0,
                                                 "rules": {"loss_spike": {"max_skips": 1}},
                                                 "actions": {"rollback": {"skip_batches": 8}}},
                              checkpoint={"every": "20steps", "keep": 2})
