@@ -365,12 +365,15 @@ def test_a_write_waits_for_a_server_that_comes_back(postgres: PostgresServer,
 
 def test_a_write_gives_up_when_the_server_stays_away(postgres: PostgresServer,
                                                      pg_url: str) -> None:
-    store = Store(pg_url)
-    store.unreachable_wait_s = 0.5
+    import time
+
+    store = Store.open(StoreSettings(url=pg_url, unreachable_wait_s=0.5))  # store: in prudent.yaml
     postgres.stop()
     try:
+        started = time.monotonic()
         with pytest.raises(StoreUnavailable, match="cannot use the run store .*refused"):
             store.update_run("r1", status="completed")  # a StoreError callers catch
+        assert 0.5 <= time.monotonic() - started < 10  # the setting's wait, not the default 30 s
     finally:
         postgres.start()
     store.close()

@@ -59,6 +59,10 @@ class StoreSettings(BaseModel):
                             "store across machines (pip install 'prudent[postgres]').")
     flush_interval_s: float = Field(0.5, gt=0, le=5, description="How often buffered metrics "
                                     "are committed: the most a crash can lose.")
+    unreachable_wait_s: float = Field(30.0, ge=0, description="How long a process waits for a "
+                                      "database server that went away (a restart, a failover) "
+                                      "before it goes on without it, once per outage; SQLite "
+                                      "never waits.")
 
     def database_url(self) -> str:
         return self.url or f"sqlite:///{Path(self.home).resolve() / 'prudent.db'}"
@@ -301,8 +305,9 @@ class Store:
         # for a restart or a failover, so the end of a run is still recorded. Counted from
         # the first call that found it away: once it has had that long, every call fails at
         # once until one gets through (a server gone for good costs a run's end one wait,
-        # not one per call).
-        self.unreachable_wait_s = 0.0 if self.engine.dialect.name == "sqlite" else 30.0
+        # not one per call). store.unreachable_wait_s sets it (Store.open).
+        self.unreachable_wait_s = (0.0 if self.engine.dialect.name == "sqlite"
+                                   else StoreSettings.model_fields["unreachable_wait_s"].default)
         try:
             with _SLOW.timing(self.url):
                 if not _retry(self._schema_current):  # a current store opens without a lock
@@ -338,7 +343,10 @@ class Store:
                 print(f"prudent: warning: the run store {path} is empty (0 bytes): the runs it "
                       "held are gone from it; each run's record beside its checkpoints is "
                       "imported again when that run starts again", file=sys.stderr, flush=True)
-        return cls(settings.database_url())
+        store = cls(settings.database_url())
+        if store.unreachable_wait_s:  # a server's
+            store.unreachable_wait_s = settings.unreachable_wait_s
+        return store
 
     @staticmethod
     def _create_engine(url: str) -> sa.Engine:
