@@ -15,6 +15,11 @@ from prudent.testing import make_settings
 from prudent.wiring.config import ProjectSettings
 from tests.postgres import pg_url, postgres  # noqa: F401 - fixtures for every test folder
 
+# the tests' child processes exit without the interpreter's last garbage collections (see
+# tests/_fast_exit/sitecustomize.py); set before any test snapshots the environment
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(Path(__file__).parent / "_fast_exit"), *filter(None, [os.environ.get("PYTHONPATH")])])
+
 # Threads and processes meant to live as long as the test session: fsspec's shared IO loop,
 # and servers or browsers started by session fixtures (which register theirs here; a process's
 # descendants are the session's too).
