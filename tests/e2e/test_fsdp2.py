@@ -21,6 +21,10 @@ def torchrun(*args: str) -> list[str]:
 
 @pytest.fixture
 def fsdp2(project: Project) -> Project:
+    return _fsdp2_project(project)
+
+
+def _fsdp2_project(project: Project) -> Project:
     project.env.update({"PRUDENT_CHECKPOINT_EVERY": "off", "PRUDENT_CONSOLE": "off"})
     # no save at an epoch's end or a stop either; any measured gradient norm is "above
     # max_norm": each alert records the monitor's global norm at its step
@@ -29,6 +33,17 @@ def fsdp2(project: Project) -> Project:
         "monitor:\n  rules:\n    exploding_gradient: {max_norm: 1.0e-9, action: alert, "
         "warmup_steps: 0, cooldown_steps: 10}\n")
     return project
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model an uninterrupted FSDP2 job on 2 ranks ends with, no checkpoint taken: what
+    every stopped-and-resumed job below must end with, whatever its checkpoints."""
+    project = _fsdp2_project(Project(tmp_path_factory.mktemp("fsdp2-reference")))
+    result = project.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
+                             *torchrun(), timeout=300)
+    assert_completed(project, "reference", result)
+    return project.path / "ref.pt"
 
 
 def assert_completed(project: Project, run: str, result: Any) -> None:
@@ -77,14 +92,12 @@ def test_nan_on_one_fsdp2_rank_stops_every_rank(fsdp2: Project) -> None:
 
 
 @pytest.mark.slow
-def test_fsdp2_stopped_and_resumed_ends_with_the_same_full_model(fsdp2: Project) -> None:
+def test_fsdp2_stopped_and_resumed_ends_with_the_same_full_model(fsdp2: Project,
+                                                                 reference: Path) -> None:
     fsdp2.env.update({"PRUDENT_RANKS_AGREE_EVERY_S": "0", "PRUDENT_CHECKPOINT_EVERY": "20steps"})
     # resumed from step 20's periodic checkpoint (no stop save), whose shards were written
     # in the background while steps 21 on trained
     (fsdp2.path / "prudent.yaml").write_text("checkpoint:\n  keep: 2\n  on_stop: false\n")
-    reference = fsdp2.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
-                              *torchrun(), timeout=300)
-    assert_completed(fsdp2, "reference", reference)
     resumed = fsdp2.prudent("run", "--run-id", "sharded", "--max-restarts", "1",
                             "--restart-backoff-s", "0.1", "--set", "stop_rank1_at=30",
                             "--set", "out=final.pt", "--", *torchrun(), timeout=300)
@@ -92,7 +105,7 @@ def test_fsdp2_stopped_and_resumed_ends_with_the_same_full_model(fsdp2: Project)
     shown = fsdp2.show("sharded")
     assert (shown["status"], shown["restarts"]) == ("completed", 1)
     assert [e["step"] for e in shown["events"] if e["name"] == "resumed"] == [20]
-    assert_identical(final_state(fsdp2.path / "ref.pt"), final_state(fsdp2.path / "final.pt"))
+    assert_identical(final_state(reference), final_state(fsdp2.path / "final.pt"))
     checkpoints = fsdp2.path / ".prudent" / "runs" / "sharded" / "checkpoints"
     # each checkpoint's shards beside it, one file per rank; older ones deleted with theirs
     folders = {p.name for p in checkpoints.glob("ckpt-*")}
@@ -123,17 +136,13 @@ def test_fsdp2_shards_of_two_ranks_resume_on_one(fsdp2: Project) -> None:
 
 @pytest.mark.slow
 def test_fsdp2_shards_on_an_s3_bucket_resume_exactly_and_a_changed_byte_is_refused(
-        fsdp2: Project, s3_endpoint: str) -> None:
+        fsdp2: Project, s3_endpoint: str, reference: Path) -> None:
     import uuid
 
     import s3fs
 
     fsdp2.env.update({"PRUDENT_RANKS_AGREE_EVERY_S": "0"})
     (fsdp2.path / "prudent.yaml").write_text("checkpoint:\n  every: 1000steps\n")
-    reference = fsdp2.prudent("run", "--run-id", "reference", "--set", "out=ref.pt", "--",
-                              *torchrun(), timeout=300)
-    assert_completed(fsdp2, "reference", reference)
-
     s3 = s3fs.S3FileSystem(key="testing", secret="testing",
                            client_kwargs={"endpoint_url": s3_endpoint})
     bucket = f"bucket-{uuid.uuid4().hex[:8]}"
@@ -159,7 +168,7 @@ def test_fsdp2_shards_on_an_s3_bucket_resume_exactly_and_a_changed_byte_is_refus
     resumed = fsdp2.prudent("run", "--run-id", "s3", "--set", "out=final.pt", "--", *torchrun(),
                             timeout=300)
     assert_completed(fsdp2, "s3", resumed)
-    assert_identical(final_state(fsdp2.path / "ref.pt"), final_state(fsdp2.path / "final.pt"))
+    assert_identical(final_state(reference), final_state(fsdp2.path / "final.pt"))
     newest = max(p for p in s3.ls(f"{bucket}/ckpts", refresh=True)
                  if p.rsplit("/", 1)[-1].startswith("ckpt-") and not p.endswith(".shards"))
     manifest = s3.cat_file(f"{newest}/manifest.json")  # each shard file listed with its hash
