@@ -45,6 +45,7 @@ log = logging.getLogger("prudent.store")
 
 SCHEMA_VERSION = 2
 RUN_STATUSES = ("running", "completed", "stopped", "failed")
+UNREACHABLE_WAIT_S = 30.0  # a restart or a failover of the database server, by default
 
 
 class StoreSettings(BaseModel):
@@ -59,8 +60,8 @@ class StoreSettings(BaseModel):
                             "store across machines (pip install 'prudent[postgres]').")
     flush_interval_s: float = Field(0.5, gt=0, le=5, description="How often buffered metrics "
                                     "are committed: the most a crash can lose.")
-    unreachable_wait_s: float = Field(30.0, ge=0, description="How long a process waits for a "
-                                      "database server that went away (a restart, a failover) "
+    unreachable_wait_s: float = Field(UNREACHABLE_WAIT_S, ge=0, description="How long a process "
+                                      "waits for a database server that went away (a restart, a failover) "
                                       "before it goes on without it, once per outage; SQLite "
                                       "never waits.")
 
@@ -297,7 +298,7 @@ class Store:
 
     _away_since: float | None = None  # when a call first found the server away (monotonic)
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, unreachable_wait_s: float = UNREACHABLE_WAIT_S) -> None:
         self.url = mask_url(url)  # for messages; the password stays in the engine only
         self.engine = self._create_engine(database_url(url))
         self._writer_engine = self.engine.execution_options(prudent_write=True)
@@ -306,8 +307,7 @@ class Store:
         # the first call that found it away: once it has had that long, every call fails at
         # once until one gets through (a server gone for good costs a run's end one wait,
         # not one per call). store.unreachable_wait_s sets it (Store.open).
-        self.unreachable_wait_s = (0.0 if self.engine.dialect.name == "sqlite"
-                                   else StoreSettings.model_fields["unreachable_wait_s"].default)
+        self.unreachable_wait_s = 0.0 if self.engine.dialect.name == "sqlite" else unreachable_wait_s
         try:
             with _SLOW.timing(self.url):
                 if not _retry(self._schema_current):  # a current store opens without a lock
@@ -343,10 +343,7 @@ class Store:
                 print(f"prudent: warning: the run store {path} is empty (0 bytes): the runs it "
                       "held are gone from it; each run's record beside its checkpoints is "
                       "imported again when that run starts again", file=sys.stderr, flush=True)
-        store = cls(settings.database_url())
-        if store.unreachable_wait_s:  # a server's
-            store.unreachable_wait_s = settings.unreachable_wait_s
-        return store
+        return cls(settings.database_url(), settings.unreachable_wait_s)
 
     @staticmethod
     def _create_engine(url: str) -> sa.Engine:
