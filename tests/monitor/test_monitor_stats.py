@@ -106,6 +106,29 @@ def test_a_one_batch_jump_in_the_norm_costs_one_more_norm_not_a_burst() -> None:
     assert not stats.bursting
 
 
+def test_a_burst_ends_once_the_norm_is_back_where_it_was() -> None:
+    stats, model, opt = make(every=8)
+    measured = []
+    for step in range(1, 41):
+        x, y = batch(step)
+        odd = step in (16, 17)  # two hard batches in a row: 50x gradients, their updates not
+        loss = F.cross_entropy(model(x), y) * (50.0 if odd else 1.0)  # made (as if skipped)
+        loss.backward()
+        stats.after_backward(step)
+        if step == 18:
+            assert stats.bursting  # the jump was confirmed at 17
+        if not odd:
+            opt.step()
+        opt.zero_grad()
+        if stats.step_end(step, loss):
+            window = stats.take_window()
+            measured += [s for s, g in zip(window.steps, window.grad_norm) if g is not None]
+    # every step from the confirmation until four norms in a row are calm again (18-21),
+    # then the stride again: not the burst's 16 steps
+    assert measured == [8, 16, 17, 18, 19, 20, 21, 29, 37]
+    assert not stats.bursting
+
+
 @pytest.mark.parametrize("jump, due", [(True, [10]), (False, [])])
 def test_while_a_jump_is_followed_checks_come_at_the_shortest_interval(
         jump: bool, due: list[int]) -> None:
