@@ -155,11 +155,18 @@ def test_one_evaluation_without_improvement_stops_a_run_whose_training_loss_does
 
 def test_a_rule_close_to_its_verdict_asks_for_the_check_that_can_give_it() -> None:
     rule = MemoryGrowthRule(MemoryGrowthRule.Settings(warmup_steps=0))
-    for i in range(1, 4):  # rising at every sample, 13 steps apart
-        rule.check(Window(memory=[MemorySample(13 * i, (500 + i) * _MB, None, float(i))]))
+    for i in range(1, 4):  # rising by 3 MB at every sample, 13 steps apart
+        rule.check(Window(memory=[MemorySample(13 * i, (500 + 3 * i) * _MB, None, float(i))]))
     assert rule.verdict_due(40) == 52
     rule.check(Window(memory=[MemorySample(52, 400 * _MB, None, 4.0)]))  # fell: no hurry
     assert rule.verdict_due(52) is None
+    # a healthy run's heap creeping up by 100 kB a sample: no finding can come at the next
+    # sample (none reports less than 8 MB), so the regular checks judge it
+    creeping = MemoryGrowthRule(MemoryGrowthRule.Settings(warmup_steps=0))
+    for i in range(1, 12):
+        creeping.check(Window(memory=[MemorySample(40 * i, 500 * _MB + i * 100_000, None,
+                                                   float(i))]))
+    assert creeping.verdict_due(440) is None
     # a learning rate read 0 once: the confirming check comes 5 steps later
     update = UpdateRatioRule(UpdateRatioRule.Settings(warmup_steps=0))
     window = Window(steps=[301, 310], loss=[1.0, 1.0], lr=0.0, max_lr=0.0, peak_lr=0.1,
