@@ -66,6 +66,9 @@ BAD_VALUE = [
      r"python train.py \.\.\.\)"),
     (["tune", "--space", "s.yaml", "--objective", "val_loss", "--", "python", "train.py",
       "--set=lr=0.1"], "'--set lr=0.1' comes after the training command"),
+    # a far match is no hint: --stpes (the script's --steps, mistyped) is not --set
+    (["run", "--stpes", "3", "--", "python", "train.py"],
+     r"'--stpes' is not an option of .*prudent run \(see .*prudent run --help\)"),
     (["run", "--zzz", "--", "python", "train.py"],
      r"'--zzz' is not an option of .*prudent run \(see .*prudent run --help\)"),
     (["tune", "--space", "space.yaml", "--trials", "abc", "--", "python", "train.py"],

@@ -28,7 +28,9 @@ def refuse_option_as_program(context: typer.Context, command: list[str] | None) 
     if not command or not command[0].startswith("-"):
         return
     word = command[0]
-    close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.6)
+    # 0.75: --trails finds --trials (0.88); --stpes, the script's --steps mistyped, is not
+    # sent to --set (0.67)
+    close = difflib.get_close_matches(word.split("=", 1)[0], options, n=1, cutoff=0.75)
     if not close:  # a prefix: --budget for --budget-usd
         close = [opt for opt in options if opt.startswith(word.split("=", 1)[0])][:1]
     hint = f"did you mean {close[0]}? " if close else ""
