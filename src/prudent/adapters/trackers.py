@@ -12,14 +12,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-__all__ = ["continue_lightning_loggers", "lightning_logger_sinks", "trackers_follow",
-           "trainer_reporter_sinks"]
+__all__ = ["continue_lightning_loggers", "continue_trainer_reporters", "keep_trainer_reporters",
+           "lightning_logger_sinks", "trackers_follow", "trainer_reporter_sinks"]
 
 log = logging.getLogger("prudent.tracking")
 
 _PREFIX = "prudent/"
 _CARRIED = "lightning_loggers"  # carried in the checkpoint: each logger's kind and version
 _REPORTERS = ("TensorBoardCallback", "MLflowCallback", "WandbCallback")
+_CARRIED_REPORTERS = "trainer_reporters"  # carried in the checkpoint: each report_to's run
 
 
 def continue_lightning_loggers(trainer: Any, ctx: Any) -> None:
@@ -229,6 +230,77 @@ def trainer_reporter_sinks(trainer: Any, info: Any) -> list[Any]:
             if run is not None:
                 sinks.append(WandbSink.around(run, info, metric_prefix=_PREFIX))
     return sinks
+
+
+def continue_trainer_reporters(trainer: Any, ctx: Any) -> list[str]:
+    """A resumed ``Trainer.train`` writes on in its first attempt's ``report_to`` runs, not
+    in a new one each: the same TensorBoard folder (``purge_step`` at the step that
+    resumes), the same MLflow run (``MLFLOW_RUN_ID``), the same W&B run (``WANDB_RUN_ID``,
+    ``WANDB_RESUME=allow``). Called before the callbacks start their trackers (the
+    Trainer's ``on_init_end``); a variable the user set is left alone. Returns the
+    variables set, for :func:`keep_trainer_reporters` to take back once the trackers run."""
+    import functools
+    import os
+
+    saved = ctx.resume_carried.pop(_CARRIED_REPORTERS, None) or {}
+    if trainer is None or not saved or ctx.state.step <= 0:
+        return []
+    set_here: list[str] = []
+    for callback in trainer.callback_handler.callbacks:
+        kind = type(callback).__name__
+        try:
+            if (kind == "TensorBoardCallback" and saved.get("tensorboard")
+                    and callback.tb_writer is None and callback.logging_dir is None):
+                callback.logging_dir = saved["tensorboard"]
+                callback._SummaryWriter = functools.partial(callback._SummaryWriter,
+                                                            purge_step=ctx.state.step + 1)
+            elif kind == "MLflowCallback" and saved.get("mlflow") and \
+                    "MLFLOW_RUN_ID" not in os.environ:
+                os.environ["MLFLOW_RUN_ID"] = saved["mlflow"]
+                set_here.append("MLFLOW_RUN_ID")
+            elif kind == "WandbCallback" and saved.get("wandb") and \
+                    "WANDB_RUN_ID" not in os.environ:
+                os.environ["WANDB_RUN_ID"] = saved["wandb"]
+                set_here.append("WANDB_RUN_ID")
+                if "WANDB_RESUME" not in os.environ:
+                    os.environ["WANDB_RESUME"] = "allow"
+                    set_here.append("WANDB_RESUME")
+        except Exception as exc:  # never the reason a resumed run does not start
+            log.warning("prudent: %s cannot continue its earlier run (%s: %s); it starts a "
+                        "new one", kind, type(exc).__name__, exc)
+    return set_here
+
+
+def keep_trainer_reporters(trainer: Any, ctx: Any, set_here: list[str]) -> None:
+    """Once the ``report_to`` callbacks have started their trackers: which run each writes
+    to, carried in prudent's checkpoints for the next attempt; the variables
+    :func:`continue_trainer_reporters` set are taken back (a later Trainer of the same
+    script starts a run of its own, as without prudent)."""
+    import os
+
+    for name in set_here:
+        os.environ.pop(name, None)
+    if trainer is None:
+        return
+    runs: dict[str, str] = {}
+    for callback in trainer.callback_handler.callbacks:
+        kind = type(callback).__name__
+        if kind == "TensorBoardCallback" and callback.logging_dir:
+            runs["tensorboard"] = str(callback.logging_dir)
+        elif kind == "MLflowCallback":
+            from prudent.tracking.mlflow import active_mlflow_run
+
+            active = active_mlflow_run()
+            if active is not None:
+                runs["mlflow"] = active[0]
+        elif kind == "WandbCallback":
+            from prudent.tracking.wandb import active_wandb_run
+
+            run = active_wandb_run()
+            if run is not None:
+                runs["wandb"] = run.id
+    if runs:
+        ctx.carried[_CARRIED_REPORTERS] = runs
 
 
 def trackers_follow(trainer: Any, callback: Any) -> bool:

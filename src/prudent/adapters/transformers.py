@@ -38,7 +38,8 @@ position from ``global_step``: it would train k batches again.
 
 The Trainer's ``report_to`` trackers get prudent's metrics (as ``prudent/<name>``), events and
 verdict in their own run: the W&B run and MLflow run its callbacks started, and, for
-TensorBoard, an event file of prudent's own in its writer's run folder (docs/trackers.md).
+TensorBoard, an event file of prudent's own in its writer's run folder (docs/trackers.md). A
+resumed ``train()`` writes on in the first attempt's runs and folder, not in new ones.
 """
 
 from __future__ import annotations
@@ -56,7 +57,12 @@ import torch
 
 from prudent.adapters.core import AdapterRun
 from prudent.adapters.files import folder_files, torch_bytes
-from prudent.adapters.trackers import trackers_follow, trainer_reporter_sinks
+from prudent.adapters.trackers import (
+    continue_trainer_reporters,
+    keep_trainer_reporters,
+    trackers_follow,
+    trainer_reporter_sinks,
+)
 from prudent.checkpoint.deferred import DeferredFile
 from prudent.kernel.optimizer_step import put_back_step, replace_next_step
 from prudent.kernel.stop import StopKind
@@ -117,6 +123,7 @@ class PrudentCallback(TrainerCallback):
         self._control: Any = None
         self._trainer: Any = None  # the Trainer whose hook this is (found up the stack)
         self._trackers_follow = False  # report_to callbacks after this one: found later
+        self._reporters_env: list[str] = []  # variables set to continue report_to's runs
 
     @property
     def config(self) -> dict[str, Any]:
@@ -151,6 +158,9 @@ class PrudentCallback(TrainerCallback):
         resumed = self.resume_path()
         self._resumed_from = Path(resumed) if resumed is not None else None
         self.adapter.framework_checkpoint.bind(self._newest_checkpoint)
+        # before any report_to callback starts its tracker (in its on_train_begin)
+        self._reporters_env = continue_trainer_reporters(_calling_trainer(sys._getframe(1)),
+                                                         self.adapter.ctx)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None,
                        optimizer: Any = None, lr_scheduler: Any = None,
@@ -162,6 +172,8 @@ class PrudentCallback(TrainerCallback):
         self._use_trackers()  # those report_to callbacks that ran their on_train_begin before
         # ours; any that come after ours in the Trainer's list start their tracker after this
         self._trackers_follow = trackers_follow(self._trainer, self)
+        if not self._trackers_follow:
+            self._keep_reporters()
         self._tqdm_monitors = set(_tqdm_monitors())
         # the planned length the rules are sized to: the Trainer's own count of optimizer steps
         # (max_steps, or the epochs x ceil(batches / accumulation)); a smoke run's is its own
@@ -192,10 +204,16 @@ class PrudentCallback(TrainerCallback):
         trainer = self._trainer
         self.adapter.use_trackers(lambda info: trainer_reporter_sinks(trainer, info))
 
+    def _keep_reporters(self) -> None:
+        """Every report_to callback has started its tracker: which runs, for a resume."""
+        keep_trainer_reporters(self._trainer, self.adapter.ctx, self._reporters_env)
+        self._reporters_env = []
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._trackers_follow:  # every callback's on_train_begin has run by now
             self._trackers_follow = False
             self._use_trackers()
+            self._keep_reporters()
 
     def _newest_checkpoint(self, folder: Path) -> Path | None:
         """The newest checkpoint folder this process's Trainer wrote (or the one it resumed
