@@ -113,6 +113,32 @@ def test_a_vanished_machine_resumes_on_a_new_one_from_prudents_newest_checkpoint
 
 
 @pytest.mark.slow
+def test_a_run_started_again_after_a_kill_writes_on_in_its_tensorboard_folder_each_step_once(
+        project: Project) -> None:
+    # the Trainer's report_to TensorBoard: a new folder at every start, unless prudent points
+    # the resumed attempt back at the first one's, whose steps from the resumed one on are
+    # purged (the killed attempt wrote steps its checkpoint does not hold)
+    pytest.importorskip("tensorboard")
+    from tests.tracking.test_tensorboard import read
+
+    (project.path / "prudent.yaml").write_text("checkpoint: {every: 5steps}\n")
+    tb = ("--set", "report_to=tensorboard")
+    cut = project.prudent("run", "--run-id", "tb", *tb, "--set", "kill_at_step=15", "--",
+                          sys.executable, TRAIN, timeout=240)
+    assert cut.returncode == 128 + signal.SIGKILL, cut.stderr
+    time.sleep(1.1)  # the Trainer's folder is named by the second it starts in
+    again = project.prudent("run", "--run-id", "tb", *tb, "--", sys.executable, TRAIN,
+                            timeout=240)
+    assert again.returncode == 0, again.stderr
+    trained = steps_trained(project)
+    assert trained.count(15) == 2  # steps after the last checkpoint were trained twice
+    (folder,) = {f.parent for f in (project.path / "hf-out").rglob("*tfevents*")}
+    board = read(folder)
+    assert [s.step for s in board.Scalars("train/loss")] == [5, 10, 15]  # the Trainer's own
+    assert [s.step for s in board.Scalars("prudent/loss")] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.slow
 def test_the_budget_stops_the_trainer_with_its_checkpoint_and_exit_4(project: Project) -> None:
     (project.path / "prices.csv").write_text(
         "cloud,instance,region,gpu,num_gpus,vcpus,memory_gib,on_demand_usd,spot_usd,prices_as_of\n"

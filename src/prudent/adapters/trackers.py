@@ -249,8 +249,10 @@ def continue_trainer_reporters(trainer: Any, ctx: Any) -> list[str]:
     for callback in trainer.callback_handler.callbacks:
         kind = type(callback).__name__
         try:
+            # (the folder is on this machine's disk: a new machine starts a folder of its own)
             if (kind == "TensorBoardCallback" and saved.get("tensorboard")
-                    and callback.tb_writer is None and callback.logging_dir is None):
+                    and callback.tb_writer is None and callback.logging_dir is None
+                    and Path(saved["tensorboard"]).is_dir()):
                 callback.logging_dir = saved["tensorboard"]
                 callback._SummaryWriter = functools.partial(callback._SummaryWriter,
                                                             purge_step=ctx.state.step + 1)

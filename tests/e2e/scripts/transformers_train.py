@@ -28,7 +28,8 @@ from prudent.transformers import PrudentCallback  # noqa: E402
 torch.set_num_threads(1)
 cb = PrudentCallback(name="transformers-train", config={
     "learning_rate": 2e-3, "num_train_epochs": 2, "per_device_train_batch_size": 32, "seed": 0,
-    "nan_at_step": -1, "sleep_s": 0.0, "kill_at_step": -1, "out": "final.pt"})
+    "nan_at_step": -1, "sleep_s": 0.0, "kill_at_step": -1, "out": "final.pt",
+    "report_to": "none"})
 cfg = cb.config
 out = cfg["out"]  # read with the others, not only once training is over
 torch.manual_seed(0)
@@ -55,7 +56,8 @@ model.bert.embeddings.register_forward_hook(
     lambda module, inputs, output: output * float("nan") if knobs.poison else None)
 names = ("learning_rate", "num_train_epochs", "per_device_train_batch_size", "seed")
 args = TrainingArguments(output_dir="hf-out", eval_strategy="epoch", save_strategy="no",
-                         logging_steps=5, report_to="none", use_cpu=True, disable_tqdm=True,
+                         logging_steps=5, report_to=cfg["report_to"], use_cpu=True,
+                         disable_tqdm=True,
                          **{k: cfg[k] for k in names})
 trainer = Trainer(model=model, args=args, train_dataset=MarkerSequences(256, 0),
                   eval_dataset=MarkerSequences(64, 1), compute_metrics=accuracy,
