@@ -129,6 +129,21 @@ def test_a_burst_ends_once_the_norm_is_back_where_it_was() -> None:
     assert not stats.bursting
 
 
+def test_an_explosion_that_keeps_climbing_is_followed_past_one_bursts_length() -> None:
+    stats, model, opt = make(every=4)  # a burst: 8 steps
+    measured = []
+    for step in range(1, 41):
+        if 8 <= step <= 14:
+            with torch.no_grad():
+                model[0].weight.mul_(4)  # the norm jumps again at every step until 14
+        if one_step(stats, model, opt, step):
+            window = stats.take_window()
+            measured += [s for s, g in zip(window.steps, window.grad_norm) if g is not None]
+    # a burst from the confirmation at 13, made longer by each jump confirmed in it: 8
+    # steps after the last one, not after the first
+    assert set(range(13, 24)) <= set(measured)
+
+
 @pytest.mark.parametrize("jump, due", [(True, [10]), (False, [])])
 def test_while_a_jump_is_followed_checks_come_at_the_shortest_interval(
         jump: bool, due: list[int]) -> None:

@@ -272,12 +272,13 @@ class StepStats:
             if not self._burst:
                 self._burst_base = confirming if confirming is not None else reference
             self._burst, self._calm = 2 * min(self.norm_every, _MAX_NORM_STRIDE), 0
-        elif self._burst:
-            self._calm = self._calm + 1 if norm <= _BURST_JUMP * self._burst_base else 0
-            if self._calm >= _BURST_CALM:
-                self._burst = 0
-        elif confirming is None and reference and norm > _BURST_JUMP * reference:
-            self._jump_from = reference
+        else:
+            if self._burst:
+                self._calm = self._calm + 1 if norm <= _BURST_JUMP * self._burst_base else 0
+                if self._calm >= _BURST_CALM:
+                    self._burst = 0
+            if confirming is None and reference and norm > _BURST_JUMP * reference:
+                self._jump_from = reference  # (in a burst too: a confirmed jump makes it longer)
         if math.isfinite(norm):
             mean = self._norm_mean
             self._norm_mean = norm if not mean else mean + 0.25 * (norm - mean)
