@@ -8,7 +8,9 @@ the framework has that tracker.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -207,8 +209,7 @@ def trainer_reporter_sinks(trainer: Any, info: Any) -> list[Any]:
     if trainer is None:
         return []
     sinks: list[Any] = []
-    for callback in trainer.callback_handler.callbacks:
-        kind = type(callback).__name__
+    for kind, callback in _reporters(trainer):
         if kind == "TensorBoardCallback" and callback.tb_writer is not None:
             from prudent.tracking.tensorboard import TensorBoardSink
 
@@ -239,15 +240,11 @@ def continue_trainer_reporters(trainer: Any, ctx: Any) -> list[str]:
     ``WANDB_RESUME=allow``). Called before the callbacks start their trackers (the
     Trainer's ``on_init_end``); a variable the user set is left alone. Returns the
     variables set, for :func:`keep_trainer_reporters` to take back once the trackers run."""
-    import functools
-    import os
-
     saved = ctx.resume_carried.pop(_CARRIED_REPORTERS, None) or {}
     if trainer is None or not saved or ctx.state.step <= 0:
         return []
     set_here: list[str] = []
-    for callback in trainer.callback_handler.callbacks:
-        kind = type(callback).__name__
+    for kind, callback in _reporters(trainer):
         try:
             # (the folder is on this machine's disk: a new machine starts a folder of its own)
             if (kind == "TensorBoardCallback" and saved.get("tensorboard")
@@ -278,15 +275,12 @@ def keep_trainer_reporters(trainer: Any, ctx: Any, set_here: list[str]) -> None:
     to, carried in prudent's checkpoints for the next attempt; the variables
     :func:`continue_trainer_reporters` set are taken back (a later Trainer of the same
     script starts a run of its own, as without prudent)."""
-    import os
-
     for name in set_here:
         os.environ.pop(name, None)
     if trainer is None:
         return
     runs: dict[str, str] = {}
-    for callback in trainer.callback_handler.callbacks:
-        kind = type(callback).__name__
+    for kind, callback in _reporters(trainer):
         if kind == "TensorBoardCallback" and callback.logging_dir:
             runs["tensorboard"] = str(callback.logging_dir)
         elif kind == "MLflowCallback":
@@ -303,6 +297,12 @@ def keep_trainer_reporters(trainer: Any, ctx: Any, set_here: list[str]) -> None:
                 runs["wandb"] = run.id
     if runs:
         ctx.carried[_CARRIED_REPORTERS] = runs
+
+
+def _reporters(trainer: Any) -> list[tuple[str, Any]]:
+    """The Trainer's ``report_to`` callbacks, each with its class name, in the Trainer's order."""
+    return [(type(c).__name__, c) for c in trainer.callback_handler.callbacks
+            if type(c).__name__ in _REPORTERS]
 
 
 def trackers_follow(trainer: Any, callback: Any) -> bool:
