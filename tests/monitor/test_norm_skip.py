@@ -136,3 +136,21 @@ def test_a_run_resumed_anywhere_skips_the_same_updates(
     assert steps == [(s["step"], s["message"]) for s in reference["skips"]]
     assert {s for s, _ in steps} == bad
     assert same(reference["model"], resumed["model"])
+
+
+def test_norms_that_keep_coming_window_after_window_are_trained_not_skipped() -> None:
+    """A hard sample's norm, met again each epoch, is the data's own tail once its outliers
+    lie over more than 128 steps (prudent.monitor.tail); an exploding norm far above it is
+    still skipped."""
+    from prudent.monitor.rules import ExplodingGradientRule
+
+    rule = ExplodingGradientRule(ExplodingGradientRule.Settings(warmup_steps=0))
+    for step in range(32, 32 * 6, 32):
+        rule.skips(step, 0.03, grid=True)  # the median's grid steps
+    hard = list(range(200, 1000, 50))
+    skipped = [step for step in hard if rule.skips(step, 1.3, grid=False)]
+    # the budget (4 per 128 steps) allows each; the tail forms once three are old enough
+    assert skipped == [200, 250, 300, 350, 400, 450] and rule.tail_step == 950
+    assert "heavy tail" in rule.describe_tail(950, 1.3)
+    assert rule.skips(1001, 30.0, grid=False)  # far above the tail: an explosion
+    assert not rule.skips(1002, 30.0, grid=False, judge=False)  # the loss's verdict stands

@@ -101,7 +101,7 @@ RECORDED_EVENTS: dict[EventKind, tuple[str, ...] | None] = {
     EventKind.FINDING: None,
     EventKind.MONITOR: ("error", "rule_error", "stacks_not_written", "hard_exit", "webhook_failed",
                         "blind", "skipped_update", "rollback", "repaired", "best_kept",
-                        "best_restored", "decision"),
+                        "best_restored", "decision", "outlier_trained"),
     EventKind.RULE: None,
     EventKind.CAPTURE: ("skipped", "failed", "written"),
     EventKind.CAPTURE_REQUESTED: None,

@@ -105,6 +105,7 @@ class Monitor(Component):
         self._norm_skipper: Any = grad if grad is not None and "skip" in grad.settings.action \
             else None
         self._norm_judged = -1  # the step whose loss jumped: its norm is judged too
+        self._tail_said: set[str] = set()  # rules whose trained outlier was recorded
         self._norm_bar = math.inf  # a loss above it has its step's norm judged
         self._watch_all = True  # started or restored: the next loss is looked at whatever it is
         if self._norm_skipper is not None:
@@ -289,13 +290,29 @@ class Monitor(Component):
     def _judge_update(self, run: RunContext, step: int, value: float) -> None:
         """Before the optimizer's update: skip it when the step's loss is an outlier."""
         skipper = self._skipper
-        if skipper is not None and skipper.skips(step, value):  # type: ignore[attr-defined]
+        if skipper is None:
+            return
+        if skipper.skips(step, value):  # type: ignore[attr-defined]
             self._skip_next_update()
             self._repaired.append(step)
             run.wake(self)  # its end puts the optimizers' step back
             run.record_event(EventKind.MONITOR, "skipped_update",
                              skipper.describe_skip(step, value),  # type: ignore[attr-defined]
                              step=step, loss=value, rule="loss_spike")
+        elif skipper.tail_step == step:  # type: ignore[attr-defined]
+            self._trained_outlier(run, skipper, step, value, loss=value)
+
+    def _trained_outlier(self, run: RunContext, rule: Rule, step: int, value: float,
+                         **payload: Any) -> None:
+        """An outlier trained as one of those the run keeps meeting (``prudent.monitor.tail``):
+        said once per rule, the first time, so that the user knows why the updates of its
+        hard batches are no longer skipped."""
+        if rule.name in self._tail_said:
+            return
+        self._tail_said.add(rule.name)
+        run.record_event(EventKind.MONITOR, "outlier_trained",
+                         rule.describe_tail(step, value),  # type: ignore[attr-defined]
+                         step=step, rule=rule.name, **payload)
 
     def _judge_norm(self, run: RunContext, step: int, loss: Any) -> None:
         """Before the update: skip it when the step's gradient norm is far above its median
@@ -313,7 +330,10 @@ class Monitor(Component):
                                    "before each judged update would make those steps wait")
             return
         rule = self._norm_skipper
-        ratio = rule.skips(step, norm, grid)
+        # a step whose loss was trained as one of the outliers the run keeps meeting: its norm
+        # is the same hard batch's (one verdict per step), kept only as the median's
+        loss_tail = self._skipper is not None and self._skipper.tail_step == step  # type: ignore[attr-defined]
+        ratio = rule.skips(step, norm, grid, judge=not loss_tail)
         if grid:
             rule.note_loss(run.host_scalar(loss))
             self._norm_bar = rule.loss_bar()
@@ -325,6 +345,8 @@ class Monitor(Component):
             run.record_event(EventKind.MONITOR, "skipped_update",
                              rule.describe_skip(step, norm, ratio), step=step, grad_norm=norm,
                              median=norm / ratio, rule="exploding_gradient")
+        elif rule.tail_step == step:
+            self._trained_outlier(run, rule, step, norm, grad_norm=norm)
 
     def _no_norm_skip(self, run: RunContext, why: str) -> None:
         self._norm_skipper, self._norm_bar = None, math.inf
@@ -344,7 +366,7 @@ class Monitor(Component):
             value = self._device_loss(run, loss)  # every rank alike: all losses on devices
             if value is None:
                 return
-        mine = self._skipper.outlier_sigmas(step, value)  # type: ignore[union-attr]
+        mine = self._skipper.judge_outlier(step, value)  # type: ignore[union-attr]
         self._vote = (step, value, mine, self._agree.post_max(mine))
 
     def _judge_agreed(self, run: RunContext, step: int, loss: Any) -> None:
@@ -363,6 +385,8 @@ class Monitor(Component):
         self._vote = None
         agreed = pending.result()[0]
         if not agreed > 0 or not skipper.take_skip(step):  # type: ignore[union-attr]
+            if skipper.tail_step == step:  # type: ignore[union-attr]
+                self._trained_outlier(run, skipper, step, value, loss=value)  # type: ignore[arg-type]
             return
         self._skip_next_update()
         self._repaired.append(step)

@@ -22,6 +22,7 @@ from prudent.monitor.base import (
     fmt,
     warmup_default,
 )
+from prudent.monitor.tail import describe_tail, in_tail, new_outliers, note_outlier
 
 __all__ = ["ExplodingGradientRule", "NonFiniteRule", "VanishingGradientRule"]
 
@@ -119,7 +120,7 @@ class ExplodingGradientRule(Rule):
     judges_updates = True
     Settings = ExplodingGradientSettings
     settings: ExplodingGradientSettings
-    state_fields = ("history", "above", "loss_low", "reference", "losses", "skipped")
+    state_fields = ("history", "above", "loss_low", "reference", "losses", "skipped", "outliers")
 
     def __init__(self, settings: ExplodingGradientSettings | None = None) -> None:
         super().__init__(settings)
@@ -133,6 +134,8 @@ class ExplodingGradientRule(Rule):
         self.losses: deque[float] = deque(maxlen=_REFERENCE)  # the same steps' losses
         self.skipped: deque[int] = deque(maxlen=self.settings.max_skips)
         self._sorted_reference: list[float] = []
+        self.outliers = new_outliers()  # (step, norm) of each outlier met (prudent.monitor.tail)
+        self.tail_step = -1  # the last step whose outlier was trained as the data's own tail
 
     def fit(self, planned_steps: int) -> str | None:
         self.sized(planned_steps, warmup_steps=min(50, planned_steps // 20))
@@ -165,10 +168,10 @@ class ExplodingGradientRule(Rule):
         bisect.insort(self._ordered, norm)
 
     def reset(self) -> None:
-        kept = self.reference, self.losses, self.skipped
+        kept = self.reference, self.losses, self.skipped, self.outliers
         super().reset()
         self._ordered = []
-        self.reference, self.losses, self.skipped = kept  # the skip's baseline stays
+        self.reference, self.losses, self.skipped, self.outliers = kept  # the skip's baseline
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -176,11 +179,19 @@ class ExplodingGradientRule(Rule):
         self._sorted_reference = sorted(self.reference)
 
     # per step, before the update ----------------------------------------------------------
-    def skips(self, step: int, norm: float, grid: bool) -> float:
+    def skips(self, step: int, norm: float, grid: bool, judge: bool = True) -> float:
         """Before ``step``'s update: how many times its norm is above the median of the grid
         steps' norms before it, when that is more than ``factor`` and the budget of skips
-        allows the skip (else 0). ``grid``: a grid step, whose norm then joins the median."""
-        ratio = self._ratio(step, norm)
+        allows the skip (else 0; 0 too for one of the outliers the run keeps meeting: then
+        ``tail_step`` is ``step``, see :mod:`prudent.monitor.tail`). ``grid``: a grid step,
+        whose norm then joins the median. ``judge=False``: only that (the step is trained
+        whatever its norm)."""
+        ratio = self._ratio(step, norm) if judge else 0.0
+        if ratio:
+            trained = in_tail(self.outliers, step, norm, _SKIP_SPAN)
+            note_outlier(self.outliers, step, norm)
+            if trained:
+                self.tail_step, ratio = step, 0.0
         if ratio and not self._take_skip(step):
             ratio = 0.0
         if grid and math.isfinite(norm):
@@ -221,6 +232,12 @@ class ExplodingGradientRule(Rule):
             del self._sorted_reference[bisect.bisect_left(self._sorted_reference, reference[0])]
         reference.append(norm)
         bisect.insort(self._sorted_reference, norm)
+
+    def describe_tail(self, step: int, norm: float) -> str:
+        median = _median(self._sorted_reference)
+        return (f"gradient norm {fmt(norm)} at step {step} is {norm / median:.3g}x its median "
+                f"{fmt(median)}, but it is one of "
+                + describe_tail(self.outliers, step, _SKIP_SPAN, "gradient norm"))
 
     def describe_skip(self, step: int, norm: float, ratio: float) -> str:
         recent = sum(1 for s in self.skipped if step - s < _SKIP_SPAN)

@@ -27,6 +27,7 @@ from prudent.monitor.base import (
     fmt,
     warmup_default,
 )
+from prudent.monitor.tail import describe_tail, in_tail, new_outliers, note_outlier
 
 __all__ = ["LossSpikeRule"]
 
@@ -71,7 +72,7 @@ class LossSpikeRule(Rule):
     settings: LossSpikeSettings
     # the thresholds are state too (see _set_threshold): a resumed run must use the ones the
     # uninterrupted run used, not ones worked out again from a later ``recent``
-    state_fields = ("recent", "streak", "streak_start", "skipped", "thresholds")
+    state_fields = ("recent", "streak", "streak_start", "skipped", "thresholds", "outliers")
 
     def __init__(self, settings: LossSpikeSettings | None = None) -> None:
         super().__init__(settings)
@@ -85,6 +86,8 @@ class LossSpikeRule(Rule):
         self.thresholds: list[list[Any]] = [[0, math.inf, None, 0.0, 0]]
         self._sum = 0.0  # of recent, kept as losses come and go
         self._repaired: frozenset[int] = frozenset()  # the window's skipped updates, all rules'
+        self.outliers = new_outliers()  # (step, loss) of each outlier met (prudent.monitor.tail)
+        self.tail_step = -1  # the last step whose outlier was trained as the data's own tail
 
     def fit(self, planned_steps: int) -> str | None:
         # warm-up: at least the window is filled, at most a tenth of the run
@@ -112,7 +115,27 @@ class LossSpikeRule(Rule):
     def skips(self, step: int, loss: float) -> bool:
         """True when ``loss`` at ``step`` is an outlier whose update should be skipped (and the
         budget of skips per window allows it). Cheap: one comparison on most steps."""
-        return self.outlier_sigmas(step, loss) > 0 and self.take_skip(step)
+        return self.judge_outlier(step, loss) > 0 and self.take_skip(step)
+
+    def judge_outlier(self, step: int, loss: float) -> float:
+        """:meth:`outlier_sigmas`, with the outlier remembered, and 0 for one of the outliers
+        the run keeps meeting (then ``tail_step`` is ``step``; see :mod:`prudent.monitor.tail`).
+        """
+        sigmas = self.outlier_sigmas(step, loss)
+        if not sigmas:
+            return 0.0
+        outliers, span = self.outliers, self.settings.window
+        trained = in_tail(outliers, step, loss, span)
+        note_outlier(outliers, step, loss)
+        if trained:
+            self.tail_step = step
+            return 0.0
+        return sigmas
+
+    def describe_tail(self, step: int, loss: float) -> str:
+        return (f"loss {fmt(loss)} at step {step} is above the skip threshold "
+                f"{fmt(self._at(step)[1])}, but it is one of "
+                + describe_tail(self.outliers, step, self.settings.window, "loss"))
 
     def outlier_sigmas(self, step: int, loss: float) -> float:
         """How many standard deviations ``loss`` is above its moving mean when it is an
