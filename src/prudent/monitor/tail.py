@@ -67,6 +67,6 @@ def describe_tail(outliers: deque[tuple[int, float]], step: int, span: int, what
     highest = max(v for _, v in earlier)
     return (f"{len(earlier)} outliers of the {what} since step {earlier[0][0]}, up to "
             f"{highest:.4g}, spread over {earlier[-1][0] - earlier[0][0]} steps: the {what} has "
-            "a heavy tail here (hard samples a model meets again each epoch, not a corrupted "
-            "batch), so an outlier no higher than "
-            f"{TAIL_FACTOR:g}x those is trained; skipping it would keep it unlearnt")
+            "a heavy tail here (hard or mislabelled samples met again each epoch), so an "
+            f"outlier no higher than {TAIL_FACTOR:g}x those is trained; skipping it would keep "
+            "it unlearnt")
