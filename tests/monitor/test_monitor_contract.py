@@ -196,6 +196,28 @@ def test_steps_whose_updates_were_skipped_are_no_evidence_of_an_explosion() -> N
     assert first_firing(frozenset(burst), range(300, 306)) == 304  # persisted after the repair
 
 
+def test_hard_batches_a_few_steps_apart_are_no_explosion_nor_are_known_tail_steps() -> None:
+    """Near a loss floor, hard batches (norms 10-30x the median) come every few steps, and the
+    steps between them are often not measured: two measured steps in a row stopped a healthy
+    run. Patience counts steps in a row (a jump has the next step measured, so an explosion
+    is followed step by step); a step trained as the run's known tail is no evidence."""
+    def first_firing(measured: list[int], bad: set[int], tail: frozenset[int] = frozenset()
+                     ) -> int | None:
+        rule_ = make("exploding_gradient", warmup_steps=0)
+        rule_.check(Window(steps=list(range(1, 101)), loss=[1.0] * 100, grad_norm=[0.5] * 100))
+        steps = list(range(101, 201))
+        found = rule_.check(Window(
+            steps=steps, loss=[1.0] * 100,
+            grad_norm=[(80.0 if s in bad else 0.5) if s in measured else None for s in steps],
+            tail=tail))
+        return None if found is None else found.step
+
+    sparse = [101, 117, 133, 140, 145, 160, 176, 177, 178]
+    assert first_firing(sparse, {140, 145}) is None  # measured one after the other, 5 apart
+    assert first_firing(sparse, {176, 177}) == 177  # two steps in a row: an explosion
+    assert first_firing(sparse, {176, 177}, tail=frozenset({176})) is None  # a known hard batch
+
+
 def test_a_gradient_norm_that_grows_while_the_loss_reaches_new_lows_is_not_an_explosion() -> None:
     def first_firing(loss_of: object) -> int | None:
         rule_ = make("exploding_gradient", warmup_steps=0)

@@ -18,7 +18,7 @@ from prudent.monitor import Monitor, register_rule, unregister_rule
 from prudent.monitor.base import Finding, Rule, Window
 from prudent.monitor.rules import LossSpikeRule
 from prudent.store.database import Store
-from prudent.testing import make_settings, tiny_loader, tiny_model
+from prudent.testing import StopAtStep, make_settings, tiny_loader, tiny_model
 
 
 def steady(first: int, count: int, level: float = 1.0) -> Window:
@@ -305,14 +305,13 @@ def test_a_burst_of_outliers_never_makes_a_tail() -> None:
     assert rule.tail_step == -1
 
 
-def test_a_converged_run_learns_its_hard_sample_instead_of_skipping_it_for_ever(
-        tmp_path: Path, monkeypatch: Any) -> None:
-    """The digits MLP of benchmarks/adapters_within_fit.py, 4,000 steps: one training sample
-    lifts its batch's loss to 0.15-0.2 among 0.0003 whenever it comes. Each of its updates was
-    skipped (74 skipped updates): it stayed misclassified at a loss of 4.8. Now the few first
-    are skipped, then trained, and it is learnt as it is without prudent."""
-    for name, value in (("KMP_DUPLICATE_LIB_OK", "True"), ("KMP_INIT_AT_FORK", "FALSE")):
-        monkeypatch.setenv(name, value)  # what the OpenMP runtime scikit-learn loads sets
+def hard_sample_run(home: Path, monkeypatch: Any, run_id: str,
+                    stop_at: int | None = None) -> dict[str, Any]:
+    """The digits MLP of benchmarks/adapters_within_fit.py for 4,000 steps: one training sample
+    lifts its batch's loss to 0.15-0.2 among 0.0003 whenever it comes."""
+    for name, value in (("KMP_DUPLICATE_LIB_OK", "True"), ("KMP_INIT_AT_FORK", "FALSE"),
+                        ("PRUDENT_RUN_ID", run_id)):
+        monkeypatch.setenv(name, value)  # (the first two: what scikit-learn's OpenMP sets)
     from sklearn.datasets import load_digits
 
     images, labels = load_digits(return_X_y=True)
@@ -328,9 +327,13 @@ def test_a_converged_run_learns_its_hard_sample_instead_of_skipping_it_for_ever(
                                 torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loader = torch.utils.data.DataLoader(data, batch_size=32, shuffle=True)
-    settings = make_settings(tmp_path / ".prudent")
+    settings = make_settings(home)
+    components: list[Any] = [Monitor(settings.monitor, stream=io.StringIO()),
+                             Checkpointer(CheckpointSettings(every="off"))]
+    if stop_at:
+        components.append(StopAtStep(stop_at))
     run = prudent.init(name="hard-sample", settings=settings, exit_on_stop=False,
-                       components=[Monitor(settings.monitor, stream=io.StringIO())])
+                       components=components)
     run.attach(model=model, optimizer=opt)
     with run:
         for _ in run.epochs(1):
@@ -340,17 +343,43 @@ def test_a_converged_run_learns_its_hard_sample_instead_of_skipping_it_for_ever(
                 opt.step()
                 opt.zero_grad()
                 run.step(loss=loss)
-    assert run.status == "completed"
     with torch.no_grad():
         worst = F.cross_entropy(model(x), y, reduction="none").max().item()
-    assert worst < 0.1  # every training sample learnt (4.8 when its updates were skipped)
-    store = Store(f"sqlite:///{tmp_path / '.prudent' / 'prudent.db'}")
+    store = Store(f"sqlite:///{home / 'prudent.db'}")
     events = store.events(run.id)
     store.close()
-    skips = [e for e in events if e["name"] == "skipped_update"]
-    (trained,) = [e for e in events if e["name"] == "outlier_trained"]
-    assert 0 < len(skips) <= 12 and trained["step"] > skips[0]["step"]
+    return {"status": run.status, "step": run.state.step, "worst": worst,
+            "model": model.state_dict(),
+            "skipped": [e["step"] for e in events if e["name"] == "skipped_update"],
+            "trained": [e for e in events if e["name"] == "outlier_trained"]}
+
+
+def test_a_converged_run_learns_its_hard_sample_instead_of_skipping_it_for_ever(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Each of the hard sample's updates was skipped (74 skipped updates): it stayed
+    misclassified at a loss of 4.8. Now the few first are skipped, then trained, and it is
+    learnt as it is without prudent."""
+    run = hard_sample_run(tmp_path / ".prudent", monkeypatch, "hard")
+    assert run["status"] == "completed"
+    assert run["worst"] < 0.1  # every training sample learnt (4.8 when its updates were skipped)
+    (trained,) = run["trained"]
+    assert 0 < len(run["skipped"]) <= 12 and trained["step"] > run["skipped"][0]
     assert "heavy tail" in trained["message"]
+
+
+def test_a_run_resumed_after_its_tail_formed_is_the_run_never_stopped(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    home = tmp_path / ".prudent"
+    reference = hard_sample_run(home, monkeypatch, "reference")
+    first = hard_sample_run(home, monkeypatch, "victim", stop_at=1140)
+    assert (first["status"], first["step"]) == ("stopped", 1140) and first["trained"]
+    resumed = hard_sample_run(home, monkeypatch, "victim")
+    assert (resumed["status"], resumed["step"]) == ("completed", 4000)
+    assert resumed["skipped"] == reference["skipped"]
+    # said once, by the process that saw the tail form, not again by the resumed one
+    assert [e["step"] for e in resumed["trained"]] == [e["step"] for e in reference["trained"]]
+    assert all(torch.equal(a, b) for a, b in zip(reference["model"].values(),
+                                                   resumed["model"].values()))
 
 
 def test_a_resumed_run_knows_the_tail_its_checkpoint_saw() -> None:

@@ -157,6 +157,10 @@ class Window:
     # they measured never reached the weights, so it is no evidence for a rule that judges
     # what the updates do to the model (``Rule.judges_updates``)
     repaired: frozenset[int] = frozenset()
+    # steps whose outlier was trained as one of those the run keeps meeting (hard samples met
+    # each epoch, ``prudent.monitor.tail``): known, judged once; no evidence for those rules
+    # either. Their losses are the run's own: loss_spike's baseline takes them in
+    tail: frozenset[int] = frozenset()
     _finite: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
                                                     compare=False)
     _measured: list[tuple[int, float]] | None = field(default=None, init=False, repr=False,
@@ -250,7 +254,8 @@ class Rule:
       run carries on exactly as the original would have.
     * Repair before stop: a rule with ``judges_updates`` (what the updates do to the model:
       an exploding gradient, a diverging loss) ignores the window's ``repaired`` steps, whose
-      updates were skipped; if the condition persists on the steps after them, it fires.
+      updates were skipped, and its ``tail`` steps, known hard batches; if the condition
+      persists on the steps after them, it fires.
     * ``needs`` names the parts of the window it reads (``steps``, ``layers``,
       ``activations``, ``memory``, ``evals``); the monitor does not call it for a window where
       they are all empty. The default, all of them, is always right, just slower.

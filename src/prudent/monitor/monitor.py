@@ -106,6 +106,7 @@ class Monitor(Component):
             else None
         self._norm_judged = -1  # the step whose loss jumped: its norm is judged too
         self._tail_said: set[str] = set()  # rules whose trained outlier was recorded
+        self._tail_trained: list[int] = []  # steps trained as the tail's, not yet checked
         self._norm_bar = math.inf  # a loss above it has its step's norm judged
         self._watch_all = True  # started or restored: the next loss is looked at whatever it is
         if self._norm_skipper is not None:
@@ -305,8 +306,11 @@ class Monitor(Component):
     def _trained_outlier(self, run: RunContext, rule: Rule, step: int, value: float,
                          **payload: Any) -> None:
         """An outlier trained as one of those the run keeps meeting (``prudent.monitor.tail``):
-        said once per rule, the first time, so that the user knows why the updates of its
-        hard batches are no longer skipped."""
+        kept out of the evidence of the rules that judge the updates, as a skipped one is (a
+        known hard batch, judged once; two of them the only measured norms in a row looked
+        like an explosion), and said once per rule, the first time, so that the user knows
+        why the updates of its hard batches are no longer skipped."""
+        self._tail_trained.append(step)
         if rule.name in self._tail_said:
             return
         self._tail_said.add(rule.name)
@@ -463,11 +467,13 @@ class Monitor(Component):
             losses += [saved_loss(v) for v in self._kept.values]
         return {"pending": {"steps": steps, "losses": losses},
                 "repaired": list(self._repaired),  # the pending steps whose update was skipped
+                "tail_trained": list(self._tail_trained),  # ... or trained as the tail's
                 "rules": {name: rule.state_dict() for name, rule in self.rules.items()},
                 "actions": {name: a.state_dict() for name, a in self.actions.items()},
                 "muted_until": dict(self._muted_until), "peak_lr": self.stats.peak_lr,
                 "best_checkpoint": self.best_checkpoint, "start_loss": self.start_loss,
-                "judged_evals": list(self._judged_evals)}
+                "judged_evals": list(self._judged_evals),
+                "tail_said": sorted(self._tail_said)}  # a resumed run does not say it again
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for name, rule_state in state.get("rules", {}).items():
@@ -480,6 +486,7 @@ class Monitor(Component):
         if pending:
             self.stats.restore_pending(pending["steps"], pending["losses"])
         self._repaired = list(state.get("repaired", []))
+        self._tail_trained = list(state.get("tail_trained", []))
         self._muted_until = dict(state.get("muted_until", {}))
         if self._norm_skipper is not None:
             self._norm_bar = self._norm_skipper.loss_bar()
@@ -489,6 +496,7 @@ class Monitor(Component):
         self.start_loss = state.get("start_loss")
         step, names = state.get("judged_evals") or (-1, [])
         self._judged_evals = (int(step), list(names))
+        self._tail_said = set(state.get("tail_said", []))
 
     def _new_evaluation(self, step: int, logged: dict[str, float]) -> bool:
         """Not an evaluation already judged at this step (another run.log at the same step
@@ -521,6 +529,9 @@ class Monitor(Component):
         if self._repaired:  # repair before stop: what the skipped updates measured is no
             window.repaired = frozenset(self._repaired)  # evidence for the rules after it
             self._repaired = [s for s in self._repaired if s > run.state.step]
+        if self._tail_trained:
+            window.tail = frozenset(self._tail_trained)
+            self._tail_trained = [s for s in self._tail_trained if s > run.state.step]
         firings = [Firing(name, self._after_repair(name, finding, window), run.state.step)
                    for name, finding in self._findings(run, window)]
         self._keep_best(run)

@@ -92,8 +92,8 @@ class ExplodingGradientSettings(RuleSettings):
     warmup_steps: int = warmup_default(50)
     factor: float = Field(10.0, gt=1, description="Fire when the gradient norm exceeds this "
                           "multiple of its median over the last `window` measured steps...")
-    patience: int = Field(2, ge=1, description="...on this many measured steps in a row (a "
-                          "single hard batch is not an explosion).")
+    patience: int = Field(2, ge=1, description="...on this many steps in a row (a single hard "
+                          "batch is not an explosion; a jump has the next step's norm measured).")
     window: int = Field(100, ge=5, description="Measured steps in the median baseline.")
     max_norm: float | None = Field(None, gt=0, description="Also fire at once above this "
                                    "absolute gradient norm (off by default).")
@@ -120,12 +120,14 @@ class ExplodingGradientRule(Rule):
     judges_updates = True
     Settings = ExplodingGradientSettings
     settings: ExplodingGradientSettings
-    state_fields = ("history", "above", "loss_low", "reference", "losses", "skipped", "outliers")
+    state_fields = ("history", "above", "above_at", "loss_low", "reference", "losses", "skipped",
+                    "outliers")
 
     def __init__(self, settings: ExplodingGradientSettings | None = None) -> None:
         super().__init__(settings)
         self.history: deque[float] = deque(maxlen=self.settings.window)
         self.above = 0
+        self.above_at = -1  # the last step above the bar
         self.loss_low: float | None = None  # the lowest mean loss of a check's window
         self._improving = False
         self._ordered: list[float] = []  # history, sorted: a median without sorting each check
@@ -150,10 +152,10 @@ class ExplodingGradientRule(Rule):
             mean = sum(v for _, v in losses) / len(losses)
             self._improving = self.loss_low is not None and mean < self.loss_low
             self.loss_low = mean if self.loss_low is None else min(self.loss_low, mean)
-        repaired = window.repaired
+        repaired, tail = window.repaired, window.tail
         for step, norm in window.grad_norms():
-            if not math.isfinite(norm) or step in repaired:  # its update was skipped
-                continue
+            if not math.isfinite(norm) or step in repaired or step in tail:
+                continue  # its update was skipped, or it is a known hard batch
             finding = self._judge(step, norm, baseline)
             if finding is not None:
                 self.reset()
@@ -256,13 +258,17 @@ class ExplodingGradientRule(Rule):
         if not baseline or norm <= s.factor * baseline:
             self.above = 0
             return None
-        self.above += 1
+        # steps in a row, not measured steps: a jump has the next step measured (a burst
+        # follows an explosion step by step), while hard batches a few steps apart, with
+        # unmeasured steps between them, were two measured steps in a row near a loss floor
+        self.above = self.above + 1 if step == self.above_at + 1 else 1
+        self.above_at = step
         if self.above < s.patience or self._improving:  # learning: judged again next window
             return None
         return Finding(step, norm, s.factor * baseline, (
             f"gradient norm {fmt(norm)} at step {step} is {norm / baseline:.3g}x its median "
             f"{fmt(baseline)} over the last {len(self.history)} measured steps, "
-            f"{self.above} measured steps in a row (threshold {s.factor:g}x)"))
+            f"{self.above} steps in a row (threshold {s.factor:g}x)"))
 
 
 _REFERENCE = 25  # grid steps' norms in the skip's median (every 32 steps: the last ~800)

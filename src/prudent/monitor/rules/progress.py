@@ -247,8 +247,9 @@ class DivergenceRule(Rule):
 
     def check(self, window: Window) -> Finding | None:
         finite_losses = window.finite_losses()
-        if window.repaired:  # outlier batches whose updates were skipped: no trend of the run
-            finite_losses = [(s, v) for s, v in finite_losses if s not in window.repaired]
+        if window.repaired or window.tail:  # outlier batches, skipped or known: no trend
+            left_out = window.repaired | window.tail
+            finite_losses = [(s, v) for s, v in finite_losses if s not in left_out]
         if not finite_losses:
             return None
         self.recent.extend(map(_second, finite_losses))
