@@ -55,9 +55,8 @@ def in_tail(outliers: deque[tuple[int, float]], step: int, value: float, span: i
 def note_outlier(outliers: deque[tuple[int, float]], step: int, value: float) -> None:
     """Remember an outlier seen at ``step``, skipped or trained (a resumed run sees a step
     again: noted once)."""
-    if outliers and outliers[-1][0] >= step:
-        while outliers and outliers[-1][0] >= step:
-            outliers.pop()
+    while outliers and outliers[-1][0] >= step:
+        outliers.pop()
     outliers.append((step, value))
 
 

@@ -236,8 +236,9 @@ class ExplodingGradientRule(Rule):
         bisect.insort(self._sorted_reference, norm)
 
     def describe_tail(self, step: int, norm: float) -> str:
-        median = _median(self._sorted_reference)
-        return (f"gradient norm {fmt(norm)} at step {step} is {norm / median:.3g}x its median "
+        median = _median(self._sorted_reference) if self._sorted_reference else 0.0
+        ratio = norm / median if median > 0 else math.inf
+        return (f"gradient norm {fmt(norm)} at step {step} is {ratio:.3g}x its median "
                 f"{fmt(median)}, but it is one of "
                 + describe_tail(self.outliers, step, _SKIP_SPAN, "gradient norm"))
 
