@@ -77,3 +77,21 @@ def test_a_rollback_one_rank_asks_for_stops_every_rank_instead(project: Project)
     (stop,) = [e for e in shown["events"] if e["name"] == "stop_requested"]
     assert "no rollback under torchrun" in stop["message"]
     assert not (project.path / "replicas.txt").exists()  # stopped: never reached the end
+
+
+@pytest.mark.slow
+def test_a_tail_one_rank_meets_is_trained_on_every_rank_and_no_evidence_on_any(
+        project: Project) -> None:
+    # rank 1 alone meets a mislabelled batch every 40 steps: skipped on both ranks at first,
+    # then trained on both as the run's own tail, and kept out of both ranks' evidence alike
+    result = project.prudent("run", "--run-id", "tail", "--",
+                             *torchrun_command("ddp_tail_one_rank.py"), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert float((project.path / "replicas.txt").read_text()) == 0.0
+    events = project.show("tail")["events"]
+    skips = [e["step"] for e in events if e["name"] == "skipped_update"]
+    (trained,) = [e for e in events if e["name"] == "outlier_trained"]
+    assert skips and all((s - 150) % 40 == 0 for s in skips)  # the mislabelled batches only
+    assert trained["step"] > skips[-1] and "heavy tail" in trained["message"]
+    seen = [(project.path / f"tail-{rank}.txt").read_text().split() for rank in (0, 1)]
+    assert seen[0] == seen[1] and str(trained["step"]) in seen[0]

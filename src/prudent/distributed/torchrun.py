@@ -107,14 +107,15 @@ class RankGroup:
         work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return PendingFlags(work, tensor)
 
-    def post_max(self, value: float) -> PendingFlags:
-        """Start a MAX all-reduce of every rank's ``value`` (a float); ``result()[0]`` is the
-        largest. For decisions every rank must take alike, such as skipping an update: posted
-        before the backward pass, read after it, its latency hides behind the backward."""
+    def post_max(self, *values: float) -> PendingFlags:
+        """Start a MAX all-reduce of every rank's ``values`` (floats); ``result()[i]`` is the
+        largest ``values[i]``. For decisions every rank must take alike, such as skipping an
+        update: posted before the backward pass, read after it, its latency hides behind the
+        backward."""
         import torch
         import torch.distributed as dist
 
-        tensor = torch.tensor([value], dtype=torch.float64)
+        tensor = torch.tensor(values, dtype=torch.float64)
         work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         return PendingFlags(work, tensor)
 
@@ -144,7 +145,7 @@ class PendingFlags:
     def __init__(self, work: Any, tensor: Any) -> None:
         self._work, self._tensor = work, tensor
 
-    def result(self) -> list[int]:
+    def result(self) -> list[Any]:
         self._work.wait()
         return self._tensor.tolist()
 

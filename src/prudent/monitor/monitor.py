@@ -371,13 +371,15 @@ class Monitor(Component):
             if value is None:
                 return
         mine = self._skipper.judge_outlier(step, value)  # type: ignore[union-attr]
-        self._vote = (step, value, mine, self._agree.post_max(mine))
+        tail = 1.0 if self._skipper.tail_step == step else 0.0  # type: ignore[union-attr]
+        self._vote = (step, value, mine, self._agree.post_max(mine, tail))
 
     def _judge_agreed(self, run: RunContext, step: int, loss: Any) -> None:
         """Under torchrun: each rank judges its own loss, and the update is skipped on every
         rank when any rank's loss is an outlier (a MAX over prudent's gloo group, posted before
         the backward pass; only where losses are read on the host). Each rank counts the
-        agreed skips in its budget, so the budgets stay alike too."""
+        agreed skips in its budget, so the budgets stay alike too; a step one rank trained as
+        its tail's (``prudent.monitor.tail``) is kept out of every rank's evidence alike."""
         skipper = self._skipper
         if self._repaired and self._repaired[-1] == step:
             return  # gradient accumulation: this step's update is skipped already
@@ -387,10 +389,12 @@ class Monitor(Component):
                 return
         _, value, mine, pending = self._vote
         self._vote = None
-        agreed = pending.result()[0]
+        agreed, tail = pending.result()
         if not agreed > 0 or not skipper.take_skip(step):  # type: ignore[union-attr]
             if skipper.tail_step == step:  # type: ignore[union-attr]
                 self._trained_outlier(run, skipper, step, value, loss=value)  # type: ignore[arg-type]
+            elif tail > 0:  # another rank's known hard batch: no evidence here either
+                self._tail_trained.append(step)
             return
         self._skip_next_update()
         self._repaired.append(step)
