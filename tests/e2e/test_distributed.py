@@ -84,8 +84,9 @@ def test_a_tail_one_rank_meets_is_trained_on_every_rank_and_no_evidence_on_any(
         project: Project) -> None:
     # rank 1 alone meets a mislabelled batch every 40 steps: skipped on both ranks at first,
     # then trained on both as the run's own tail, and kept out of both ranks' evidence alike
+    project.env.update(SPOIL="tail", STEPS="1000")
     result = project.prudent("run", "--run-id", "tail", "--",
-                             *torchrun_command("ddp_tail_one_rank.py"), timeout=300)
+                             *torchrun_command("ddp_spike_one_rank.py"), timeout=300)
     assert result.returncode == 0, result.stderr
     assert float((project.path / "replicas.txt").read_text()) == 0.0
     events = project.show("tail")["events"]
