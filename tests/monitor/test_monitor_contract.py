@@ -218,6 +218,29 @@ def test_hard_batches_a_few_steps_apart_are_no_explosion_nor_are_known_tail_step
     assert first_firing(sparse, {176, 177}, tail=frozenset({176})) is None  # a known hard batch
 
 
+def test_norms_at_the_level_of_the_known_hard_batches_are_no_explosion() -> None:
+    """Two hard batches in a row whose losses neither the skip nor the tail judged: their
+    norms are at the level of the outliers the skip met before (its tail), so no evidence;
+    an explosion far above that level still is."""
+    rule_ = make("exploding_gradient", warmup_steps=0)
+    for step in (32, 64, 96, 128, 160):
+        rule_.skips(step, 0.5, grid=True)  # the skip's median
+    for step in (200, 300, 400):
+        rule_.skips(step, 8.0, grid=False)  # hard batches the skip met (16x)
+    rule_.check(Window(steps=list(range(401, 501)), loss=[1.0] * 100, grad_norm=[0.5] * 100))
+
+    def norms(bad: dict[int, float]) -> Window:
+        steps = list(range(501, 601))
+        return Window(steps=steps, loss=[1.0] * 100,
+                      grad_norm=[bad.get(s, 0.5) for s in steps])
+
+    assert rule_.check(norms({550: 8.0, 551: 9.0})) is None  # the tail's level
+    found = rule_.check(Window(steps=list(range(601, 701)), loss=[1.0] * 100,
+                               grad_norm=[80.0 if s in (650, 651) else 0.5
+                                          for s in range(601, 701)]))
+    assert found is not None and found.step == 651  # 10x the tail's level: an explosion
+
+
 def test_a_gradient_norm_that_grows_while_the_loss_reaches_new_lows_is_not_an_explosion() -> None:
     def first_firing(loss_of: object) -> int | None:
         rule_ = make("exploding_gradient", warmup_steps=0)

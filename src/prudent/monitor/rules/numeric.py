@@ -186,10 +186,13 @@ class ExplodingGradientRule(Rule):
         steps' norms before it, when that is more than ``factor`` and the budget of skips
         allows the skip (else 0; 0 too for one of the outliers the run keeps meeting: then
         ``tail_step`` is ``step``, see :mod:`prudent.monitor.tail`). ``grid``: a grid step,
-        whose norm then joins the median. ``judge=False``: only that (the step is trained
-        whatever its norm)."""
-        ratio = self._ratio(step, norm) if judge else 0.0
-        if ratio:
+        whose norm then joins the median. ``judge=False``: the step is trained whatever its
+        norm (the loss's tail trained it): an outlier's norm is only remembered."""
+        ratio = self._ratio(step, norm)
+        if ratio and not judge:  # trained as the loss's tail: one of this tail too
+            note_outlier(self.outliers, step, norm)
+            ratio = 0.0
+        elif ratio:
             trained = in_tail(self.outliers, step, norm, _SKIP_SPAN)
             note_outlier(self.outliers, step, norm)
             if trained:
@@ -259,6 +262,8 @@ class ExplodingGradientRule(Rule):
         if not baseline or norm <= s.factor * baseline:
             self.above = 0
             return None
+        if self.outliers and in_tail(self.outliers, step, norm, _SKIP_SPAN):
+            return None  # at the level of the hard batches the run keeps meeting: not counted
         # steps in a row, not measured steps: a jump has the next step measured (a burst
         # follows an explosion step by step), while hard batches a few steps apart, with
         # unmeasured steps between them, were two measured steps in a row near a loss floor
