@@ -19,6 +19,7 @@ from prudent.monitor.base import Finding, Rule, Window
 from prudent.monitor.rules import LossSpikeRule
 from prudent.store.database import Store
 from prudent.testing import StopAtStep, make_settings, tiny_loader, tiny_model
+from tests.monitor.test_monitor_component import _saved
 
 
 def steady(first: int, count: int, level: float = 1.0) -> Window:
@@ -392,10 +393,3 @@ def test_a_resumed_run_knows_the_tail_its_checkpoint_saw() -> None:
     resumed.load_state_dict(state)
     assert not resumed.skips(650, 0.15) and resumed.tail_step == 650
     assert rule.skips(650, 0.15) == resumed.skips(650, 0.15) is False
-
-
-def _saved(state: dict[str, Any]) -> Any:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return buffer
