@@ -400,7 +400,10 @@ class Checkpointer(Component):
             if self._shards_group is None:  # DCP's background collectives, apart from ours
                 import torch.distributed as dist
 
+                from prudent.distributed.torchrun import give_gloo_workers_their_exit
+
                 self._shards_group = dist.new_group(backend="gloo")
+                give_gloo_workers_their_exit()
             group = self._shards_group
         assert self.storage is not None
         kept, future = save_sharded(module_pairs(run.objects, saving=True), self.storage, folder,

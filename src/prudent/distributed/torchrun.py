@@ -38,7 +38,8 @@ from prudent.store.writer import NullWriter, event_signature
 if TYPE_CHECKING:
     from prudent.kernel.context import RunContext
 
-__all__ = ["AgreementPoster", "RankGroup", "Ranks", "StopCoordinator", "ranks_from_env"]
+__all__ = ["AgreementPoster", "RankGroup", "Ranks", "StopCoordinator", "give_gloo_workers_their_exit",
+           "ranks_from_env"]
 
 MAX_AGREE_STEPS = 10_000
 # how long the process gives gloo's worker threads at exit, GIL released (see _gloo_workers_done)
@@ -99,7 +100,7 @@ class RankGroup:
             import torch.distributed as dist
 
             self._group = dist.new_group(backend="gloo")
-            _give_gloo_workers_their_exit()
+            give_gloo_workers_their_exit()
         return self._group
 
     def post_flags(self, *flags: int) -> PendingFlags:
@@ -146,8 +147,9 @@ class RankGroup:
 _exit_grace_registered = False
 
 
-def _give_gloo_workers_their_exit() -> None:
-    """Register :func:`_gloo_workers_done` at exit, once per process."""
+def give_gloo_workers_their_exit() -> None:
+    """Register :func:`_gloo_workers_done` at exit, once per process: for each gloo group
+    prudent makes (its own, and the one its asynchronous sharded checkpoints write with)."""
     global _exit_grace_registered
     if not _exit_grace_registered:
         _exit_grace_registered = True
