@@ -41,7 +41,7 @@ import torch
 from torch.distributed import TCPStore
 
 from prudent.checkpoint.objects import restore_object, state_of
-from prudent.distributed.torchrun import ranks_from_env
+from prudent.distributed.torchrun import give_gloo_workers_their_exit, ranks_from_env
 from prudent.kernel.errors import ConfigError
 from prudent.kernel.events import Component, EventKind
 
@@ -92,6 +92,7 @@ def replicate(run: Run, model: torch.nn.Module, optimizer: torch.optim.Optimizer
     _check_own_location(ctx, group)
     timeout = timedelta(seconds=timeout_s)
     pg, transport, heal = QuorumGloo(timeout=timeout), TimedTransport(timeout), HealState(ctx)
+    give_gloo_workers_their_exit()  # torchft's gloo group too (see prudent.distributed.torchrun)
     # the group's own store (torchft's Manager meets its ranks there; here: one rank)
     store = TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
     manager = torchft.Manager(

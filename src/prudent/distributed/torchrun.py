@@ -149,7 +149,7 @@ _exit_grace_registered = False
 
 def give_gloo_workers_their_exit() -> None:
     """Register :func:`_gloo_workers_done` at exit, once per process: for each gloo group
-    prudent makes (its own, and the one its asynchronous sharded checkpoints write with)."""
+    prudent makes (its own, the one asynchronous sharded checkpoints write with, torchft's)."""
     global _exit_grace_registered
     if not _exit_grace_registered:
         _exit_grace_registered = True
