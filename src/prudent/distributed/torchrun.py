@@ -163,8 +163,8 @@ def _gloo_workers_done() -> None:
     returned, and releasing a tensor made in Python takes the GIL. If the process is
     finalizing by then, the thread exits inside a C++ destructor and the process aborts
     ("terminate called without an active exception", SIGABRT): torchrun reports a run that
-    completed as failed. Under load about 1 job in 14 of 2 gloo ranks on 2 cores did so, with or
-    without prudent, after its script's last ``all_gather``; prudent's own gloo group runs
+    completed as failed. Under load about 1 job in 14 of 2 gloo ranks on 2 cores did so, with
+    or without prudent, after its script's last ``all_gather``; prudent's own gloo group runs
     beside NCCL jobs too. The worker needs the GIL only for microseconds once scheduled:
     sleeping (GIL released) at exit gives it that, after the script's last collective.
     """
