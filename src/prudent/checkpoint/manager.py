@@ -398,12 +398,9 @@ class Checkpointer(Component):
         group = _group_of(run)
         if asynchronous and group is not None:
             if self._shards_group is None:  # DCP's background collectives, apart from ours
-                import torch.distributed as dist
+                from prudent.distributed.torchrun import new_gloo_group
 
-                from prudent.distributed.torchrun import give_gloo_workers_their_exit
-
-                self._shards_group = dist.new_group(backend="gloo")
-                give_gloo_workers_their_exit()
+                self._shards_group = new_gloo_group()
             group = self._shards_group
         assert self.storage is not None
         kept, future = save_sharded(module_pairs(run.objects, saving=True), self.storage, folder,

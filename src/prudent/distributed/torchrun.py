@@ -21,6 +21,7 @@ gradient all-reduce).
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import sys
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from prudent.kernel.context import RunContext
 
 __all__ = ["AgreementPoster", "RankGroup", "Ranks", "StopCoordinator", "give_gloo_workers_their_exit",
-           "ranks_from_env"]
+           "new_gloo_group", "ranks_from_env"]
 
 MAX_AGREE_STEPS = 10_000
 # how long the process gives gloo's worker threads at exit, GIL released (see _gloo_workers_done)
@@ -97,10 +98,7 @@ class RankGroup:
     @property
     def group(self) -> Any:
         if self._group is None:
-            import torch.distributed as dist
-
-            self._group = dist.new_group(backend="gloo")
-            give_gloo_workers_their_exit()
+            self._group = new_gloo_group()
         return self._group
 
     def post_flags(self, *flags: int) -> PendingFlags:
@@ -144,16 +142,21 @@ class RankGroup:
         return gathered
 
 
-_exit_grace_registered = False
+def new_gloo_group() -> Any:
+    """A gloo group of prudent's own over every rank (beside the training's), whose worker
+    threads get their grace at exit (:func:`give_gloo_workers_their_exit`)."""
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo")
+    give_gloo_workers_their_exit()
+    return group
 
 
+@functools.cache
 def give_gloo_workers_their_exit() -> None:
     """Register :func:`_gloo_workers_done` at exit, once per process: for each gloo group
     prudent makes (its own, the one asynchronous sharded checkpoints write with, torchft's)."""
-    global _exit_grace_registered
-    if not _exit_grace_registered:
-        _exit_grace_registered = True
-        atexit.register(_gloo_workers_done)
+    atexit.register(_gloo_workers_done)
 
 
 def _gloo_workers_done() -> None:
