@@ -13,6 +13,7 @@ import pytest
 import prudent
 from prudent.checkpoint.manager import Checkpointer
 from prudent.checkpoint.storage import open_storage
+from prudent.checkpoint.writer import CheckpointWriter
 from prudent.cost import CostMeter
 from prudent.kernel.errors import ConfigError
 from prudent.kernel.events import Component
@@ -44,10 +45,10 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     shared = str(tmp_path / "bucket")
 
     def train(name: str, steps: int, heartbeat: str = "off", sleep_s: float = 0.0,
-              extra: tuple[Any, ...] = ()) -> Store:
+              extra: tuple[Any, ...] = (), mode: str = "sync") -> Store:
         monkeypatch.setenv("PRUDENT_HOST", f"host-{name}")
         settings = make_settings(
-            tmp_path / name, checkpoint={"url": shared, "every": "3steps", "mode": "sync",
+            tmp_path / name, checkpoint={"url": shared, "every": "3steps", "mode": mode,
                                          "heartbeat_interval": heartbeat},
             cost={"instance": "test:pricey", "catalog_file": str(tmp_path / "prices.csv"),
                   "detect": "off", "stop_margin": "0s"})
@@ -153,6 +154,32 @@ def test_a_checkpoint_commits_only_once_the_bucket_holds_its_steps_rows(
     machine("a", steps=7, extra=(Peek(),)).close()
     assert seen[3] == ([1, 2, 3], [])
     assert seen[6] == ([1, 2, 3, 4, 5, 6], [3])
+
+
+def test_saves_that_chain_commit_each_after_the_saved_event_of_the_one_before(
+        machine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Background saves written slower than the steps between them: each new save waits for
+    the one in flight. The one before must still be recorded as 'saved' in the bucket before
+    the new one commits; once, none was until the writer fell idle (at the run's end)."""
+    monkeypatch.setattr(RecordSync, "_loop", lambda self, run: None)
+    storage = open_storage(str(tmp_path / "bucket"))
+    at_commit: dict[int, list[int]] = {}
+    write_manifest = CheckpointWriter._write_manifest
+
+    def slow_then_peek(self: CheckpointWriter, handle: Any, step: int, *args: Any) -> None:
+        time.sleep(0.15)  # five steps of 0.02 s: the next save is due before this one ends
+        record = read_record(storage, "spot1")
+        assert record is not None
+        at_commit[step] = sorted(r[0] for s in record.segments for r in s.events
+                                 if r[2] == "saved")
+        write_manifest(self, handle, step, *args)
+
+    monkeypatch.setattr(CheckpointWriter, "_write_manifest", slow_then_peek)
+    store = machine("a", steps=13, sleep_s=0.02, mode="async")
+    saved = [e["step"] for e in store.events("spot1") if e["name"] == "saved"]
+    store.close()
+    assert saved == [3, 6, 9, 12]
+    assert at_commit == {3: [], 6: [3], 9: [3, 6], 12: [3, 6, 9]}
 
 
 def _segment(run_id: str, attempt: Attempt, events: list[list[Any]] | None = None) -> bytes:

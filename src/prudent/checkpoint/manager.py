@@ -340,6 +340,13 @@ class Checkpointer(Component):
                 self._last_position = run.position
                 self.schedule.saved(state.step)
             return
+        # the save still in flight ends first and its 'saved' is recorded now, before this
+        # one is handed over: the rows this one exports before it commits include that event
+        # (saves that chain, each written slower than the steps between them, would otherwise
+        # report none until the writer is idle, and a new machine would miss them all)
+        self.writer.wait()
+        self._writing = False
+        self._report(run, self.writer.completed())
         tensors: dict[str, Any] | None = None  # replicated state: this writer writes it once
         if not sharded:
             tensors, kept = dcp_entries(module_pairs(run.objects, saving=True), folder)
