@@ -159,15 +159,15 @@ def test_a_checkpoint_commits_only_once_the_bucket_holds_its_steps_rows(
 def test_saves_that_chain_commit_each_after_the_saved_event_of_the_one_before(
         machine: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Background saves written slower than the steps between them: each new save waits for
-    the one in flight. The one before must still be recorded as 'saved' in the bucket before
-    the new one commits; once, none was until the writer fell idle (at the run's end)."""
+    the one in flight, and the writer is never idle at a step's end. The one before must
+    still be recorded as 'saved' in the bucket before the new one commits."""
     monkeypatch.setattr(RecordSync, "_loop", lambda self, run: None)
     storage = open_storage(str(tmp_path / "bucket"))
     at_commit: dict[int, list[int]] = {}
     write_manifest = CheckpointWriter._write_manifest
 
     def slow_then_peek(self: CheckpointWriter, handle: Any, step: int, *args: Any) -> None:
-        time.sleep(0.15)  # five steps of 0.02 s: the next save is due before this one ends
+        time.sleep(0.15)  # longer than the 3 steps of 0.02 s to the next save
         record = read_record(storage, "spot1")
         assert record is not None
         at_commit[step] = sorted(r[0] for s in record.segments for r in s.events
