@@ -295,8 +295,7 @@ class Checkpointer(Component):
         worthless = reason.kind is StopKind.PRUNED or reason.rule == "non_finite"
         if self.writer is None or not self.settings.on_stop or worthless:
             return
-        self.writer.wait()
-        self._report(run, self.writer.completed())
+        self._finish_write(run)
         if self._at_saved_position(run):
             return
         left = run.stop_deadline - time.time() if run.stop_deadline else None
@@ -344,9 +343,7 @@ class Checkpointer(Component):
         # one is handed over: the rows this one exports before it commits include that event
         # (saves that chain, each written slower than the steps between them, would otherwise
         # report none until the writer is idle, and a new machine would miss them all)
-        self.writer.wait()
-        self._writing = False
-        self._report(run, self.writer.completed())
+        self._finish_write(run)
         tensors: dict[str, Any] | None = None  # replicated state: this writer writes it once
         if not sharded:
             tensors, kept = dcp_entries(module_pairs(run.objects, saving=True), folder)
@@ -480,8 +477,7 @@ class Checkpointer(Component):
         none."""
         if self.writer is None or self.storage is None:
             return None
-        self.writer.wait()
-        self._report(run, self.writer.completed())
+        self._finish_write(run)
         for candidate in self.storage.checkpoints():  # newest first
             step = step_of(candidate)
             if (name is not None and candidate != name) or step is None:
@@ -537,6 +533,13 @@ class Checkpointer(Component):
 
     def _at_saved_position(self, run: RunContext) -> bool:
         return self._last_position == run.position
+
+    def _finish_write(self, run: RunContext) -> None:
+        """Wait for the save in flight (if any) and report every finished one."""
+        assert self.writer is not None
+        self.writer.wait()
+        self._writing = False
+        self._report(run, self.writer.completed())
 
     def _report(self, run: RunContext, results: list[SaveResult]) -> None:
         for result in results:
