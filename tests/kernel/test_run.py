@@ -224,6 +224,34 @@ def test_ctrl_c_outside_with_run_is_recorded_as_interrupted_not_failed(tmp_path:
     store.close()
 
 
+def test_a_sigterm_while_the_run_ends_does_not_cut_its_record(tmp_path: Path) -> None:
+    """torchrun sends SIGTERM to every rank once one failed: a rank already writing its end
+    (the crash it names, its cost) must still write it, and exit with its own code."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, prudent\n"
+            "from prudent.kernel.events import Component\n"
+            "class TermAtEnd(Component):\n"
+            "    name = 'term_at_end'\n"
+            "    def on_end(self, run, status, stop_reason):\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "run = prudent.init(name='ending', exit_on_stop=False, components=[TermAtEnd()])\n"
+            "with run:\n"
+            "    run.step(loss=1.0)\n"
+            "print('after the block')\n")
+    env = {**os.environ, "PRUDENT_HOME": str(tmp_path), "PRUDENT_CONSOLE": "off"}
+    env.pop("PRUDENT_RUN_ID", None)
+    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert (child.returncode, child.stdout) == (0, "after the block\n"), child.stderr
+    store = Store.open(ProjectSettings.model_validate({"store": {"home": str(tmp_path)}}).store)
+    (row,) = store.list_runs()
+    assert row["status"] == "completed"
+    assert [e["message"] for e in store.events(row["id"]) if e["name"] == "end"] == ["completed"]
+    store.close()
+
+
 def test_sigterm_becomes_preempted_stop_at_next_step(settings: ProjectSettings) -> None:
     run = prudent.init(name="sigterm", settings=settings, exit_on_stop=False)
     with run:

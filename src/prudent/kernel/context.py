@@ -595,18 +595,21 @@ class RunContext:
             return
         self._closed = True
         self.status, self.stop_reason = status, reason
-        self._signals.uninstall()
-        if notify:
-            self.emit(Event.END, status, reason)
-        stop_reason = str(reason) if reason is not None else None
-        payload.setdefault("epochs", self.state.num_epochs)  # None: a loop without epochs
-        self.record_event(EventKind.LIFECYCLE, "end", message or status, status=status,
-                          stop_reason=stop_reason, **payload)
-        self.writer.flush(timeout_s=30.0 if notify else 5.0)
-        if notify:
-            self.writer.close()
-        if self.store is not None and not getattr(self.writer, "registration_pending", False):
-            self._close_record(status, stop_reason, notify)  # (unregistered: no record to close)
+        try:  # the handler stays until the end is written: a SIGTERM now (torchrun's, once
+            # another rank failed) must not kill the process between the END and the record
+            if notify:
+                self.emit(Event.END, status, reason)
+            stop_reason = str(reason) if reason is not None else None
+            payload.setdefault("epochs", self.state.num_epochs)  # None: a loop without epochs
+            self.record_event(EventKind.LIFECYCLE, "end", message or status, status=status,
+                              stop_reason=stop_reason, **payload)
+            self.writer.flush(timeout_s=30.0 if notify else 5.0)
+            if notify:
+                self.writer.close()
+            if self.store is not None and not getattr(self.writer, "registration_pending", False):
+                self._close_record(status, stop_reason, notify)  # (unregistered: none to close)
+        finally:
+            self._signals.uninstall()
         atexit.unregister(self._finish_at_exit)
 
     def _close_record(self, status: str, stop_reason: str | None, notify: bool) -> None:
