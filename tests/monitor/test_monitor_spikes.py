@@ -60,6 +60,22 @@ def test_a_loss_near_its_floor_whose_hard_batches_run_five_in_a_row_is_no_spike(
     assert finding is not None and finding.since == 135
 
 
+def test_a_floors_lone_hard_batches_join_the_baseline_so_five_ordinary_steps_are_no_spike() -> None:
+    """The toy DDP classifier of tests/e2e/scripts/ddp_train.py, 600 epochs under torchrun, at
+    a loss of ~0.01 with a lone hard batch at 0.06-0.3 every few steps. Held out of the
+    baseline, those left it a mean of 0.011 and a small deviation, and five steps at
+    0.03-0.058 in a row stopped the healthy run at step 340 (no rollback under torchrun)."""
+    rule = LossSpikeRule(LossSpikeRule.Settings(warmup_steps=0))
+    floor = [0.2 if step % 10 == 0 else 0.004 + 0.003 * math.sin(1.7 * step) ** 2
+             for step in range(1, 257)]
+    rule.check(Window(steps=list(range(1, 257)), loss=floor))  # type: ignore[arg-type]
+    blip = [0.054, 0.049, 0.056, 0.032, 0.058, 0.005]
+    assert rule.check(Window(steps=list(range(257, 263)), loss=blip)) is None  # type: ignore[arg-type]
+    spike = [2.0, 2.1, 2.0, 2.2, 2.1]  # far above the hard batches too: a spike
+    finding = rule.check(Window(steps=list(range(263, 268)), loss=spike))  # type: ignore[arg-type]
+    assert finding is not None and finding.since == 263
+
+
 def run_with(home: Path, spoil: Any, steps_per_epoch: int = 32, epochs: int = 6,
              checkpoints: bool = False, **monitor: Any) -> tuple[prudent.Run, list[dict[str, Any]],
                                                                dict[int, bool]]:
@@ -358,22 +374,20 @@ def hard_sample_run(home: Path, monkeypatch: Any, run_id: str,
 def test_a_converged_run_learns_its_hard_sample_instead_of_skipping_it_for_ever(
         tmp_path: Path, monkeypatch: Any) -> None:
     """Each of the hard sample's updates was skipped (74 skipped updates): it stayed
-    misclassified at a loss of 4.8. Now the few first are skipped, then trained, and it is
-    learnt as it is without prudent."""
+    misclassified at a loss of 4.8. Now the few first are skipped, then its loss is one the
+    baseline has seen (or the data's tail), and it is learnt as it is without prudent."""
     run = hard_sample_run(tmp_path / ".prudent", monkeypatch, "hard")
     assert run["status"] == "completed"
     assert run["worst"] < 0.1  # every training sample learnt (4.8 when its updates were skipped)
-    (trained,) = run["trained"]
-    assert 0 < len(run["skipped"]) <= 12 and trained["step"] > run["skipped"][0]
-    assert "heavy tail" in trained["message"]
+    assert 0 < len(run["skipped"]) <= 12 and max(run["skipped"]) < 2000  # not for ever
 
 
-def test_a_run_resumed_after_its_tail_formed_is_the_run_never_stopped(
+def test_a_run_resumed_after_its_skips_is_the_run_never_stopped(
         tmp_path: Path, monkeypatch: Any) -> None:
     home = tmp_path / ".prudent"
     reference = hard_sample_run(home, monkeypatch, "reference")
     first = hard_sample_run(home, monkeypatch, "victim", stop_at=1140)
-    assert (first["status"], first["step"]) == ("stopped", 1140) and first["trained"]
+    assert (first["status"], first["step"]) == ("stopped", 1140) and first["skipped"]
     resumed = hard_sample_run(home, monkeypatch, "victim")
     assert (resumed["status"], resumed["step"]) == ("completed", 4000)
     assert resumed["skipped"] == reference["skipped"]
