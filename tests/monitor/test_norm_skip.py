@@ -154,3 +154,26 @@ def test_norms_that_keep_coming_window_after_window_are_trained_not_skipped() ->
     assert "heavy tail" in rule.describe_tail(950, 1.3)
     assert rule.skips(1001, 30.0, grid=False)  # far above the tail: an explosion
     assert not rule.skips(1002, 30.0, grid=False, judge=False)  # the loss's verdict stands
+
+
+def test_with_no_skip_the_checks_form_the_tail_so_two_hard_batches_in_a_row_stop_nothing() -> None:
+    """Under torchrun (or on a GPU) no norm is judged before its update, so no skip noted an
+    outlier and no tail formed: the toy DDP classifier at its floor (median norm 0.0046) was
+    stopped at step 1793 of 9,600 for two hard batches in a row at 11x. The checks note the
+    outliers then; an explosion far above the tail still stops the run."""
+    from prudent.monitor.base import Window
+    from prudent.monitor.rules import ExplodingGradientRule
+
+    rule = ExplodingGradientRule(ExplodingGradientRule.Settings(warmup_steps=0))
+    rule.outliers_from_checks = True  # what the monitor sets when it cannot skip
+
+    def window(first: int, norms: list[float]) -> Window:
+        steps = list(range(first, first + len(norms)))
+        return Window(steps=steps, loss=[0.5] * len(norms), grad_norm=norms)  # type: ignore[arg-type]
+
+    for first in range(1, 1201, 100):  # a hard batch alone every 40 steps
+        norms = [0.06 if step % 40 == 0 else 0.005 for step in range(first, first + 100)]
+        assert rule.check(window(first, norms)) is None
+    assert rule.check(window(1201, [0.06, 0.06] + [0.005] * 8)) is None  # two in a row
+    finding = rule.check(window(1211, [5.0, 5.0, 0.005]))
+    assert finding is not None and finding.step == 1212

@@ -353,6 +353,7 @@ class Monitor(Component):
             self._trained_outlier(run, rule, step, norm, grad_norm=norm)
 
     def _no_norm_skip(self, run: RunContext, why: str) -> None:
+        self._norm_skipper.outliers_from_checks = True  # the tail forms from the checks then
         self._norm_skipper, self._norm_bar = None, math.inf
         self.stats.measure_grid(False)
         self._say_blind(run, "exploding_gradient", "exploding_gradient does not skip updates "

@@ -138,6 +138,9 @@ class ExplodingGradientRule(Rule):
         self._sorted_reference: list[float] = []
         self.outliers = new_outliers()  # (step, norm) of each outlier met (prudent.monitor.tail)
         self.tail_step = -1  # the last step whose outlier was trained as the data's own tail
+        # with no skip before the update (not an action, or not possible here: torchrun, a
+        # GPU), the checks note the outliers instead, so that the data's tail still forms
+        self.outliers_from_checks = "skip" not in self.settings.action
 
     def fit(self, planned_steps: int) -> str | None:
         self.sized(planned_steps, warmup_steps=min(50, planned_steps // 20))
@@ -262,7 +265,12 @@ class ExplodingGradientRule(Rule):
         if not baseline or norm <= s.factor * baseline:
             self.above = 0
             return None
-        if self.outliers and in_tail(self.outliers, step, norm, _SKIP_SPAN):
+        if self.outliers_from_checks:  # (else the skips note them, on the steps they judge)
+            trained = in_tail(self.outliers, step, norm, _SKIP_SPAN)
+            note_outlier(self.outliers, step, norm)
+            if trained:
+                return None  # at the level of the hard batches the run keeps meeting
+        elif self.outliers and in_tail(self.outliers, step, norm, _SKIP_SPAN):
             return None  # at the level of the hard batches the run keeps meeting: not counted
         # steps in a row, not measured steps: a jump has the next step measured (a burst
         # follows an explosion step by step), while hard batches a few steps apart, with
