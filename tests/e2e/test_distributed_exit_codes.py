@@ -64,6 +64,10 @@ def test_nan_on_one_rank_stops_every_rank_and_prudent_run_exits_3(ddp: Project) 
     shown = ddp.show("nan")
     assert (shown["status"], shown["stop_reason"], shown["exit_code"]) == \
         ("stopped", "rule:non_finite", 3)
+    # torchrun's ChildFailedError traceback is not the last word on the screen: the run's is
+    assert result.stderr.strip().splitlines()[-1].startswith(
+        "prudent | nan | stopped (rule:non_finite), exit 3: torchrun's ChildFailedError"), \
+        result.stderr[-2000:]
     rank0, rank1 = last_steps(ddp)
     assert rank0 == rank1 < 150
     # the cause is on rank 1 (its batch at step 7), rank 0 sees only its consequence (NaN

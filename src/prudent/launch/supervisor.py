@@ -75,6 +75,7 @@ class Supervisor:
         self._error_file = os.environ.get(ENV_LAUNCHER_ERROR_FILE) or str(
             Path(tempfile.gettempdir()) / f"prudent-{self.run_id}-{os.getpid()}-launcher.json")
         self.forwarder = SignalForwarder("prudent: third signal, killing the training process")
+        self._launcher_reported = False  # torchrun reported a worker's stop (its traceback)
 
     @property
     def signals_seen(self) -> int:
@@ -139,6 +140,8 @@ class Supervisor:
             self._close_record(store, code)
             record = store.get_run(self.run_id)  # this attempt's: running at each launch
             code = _job_code(code, record)
+            if self._launcher_reported:
+                self._say_after_launcher(code, record)
             if not self._should_relaunch(code, attempt, record):
                 return code if code >= 0 else 128 - code
             attempt += 1
@@ -258,6 +261,7 @@ class Supervisor:
         worker's error file (prudent's workers write one when they stop, ``tell_launcher``),
         with its exit code, into the file this supervisor gave it. The one way a node whose
         ranks write no record (all but rank 0's) learns why they stopped."""
+        self._launcher_reported = False
         if code != ExitCode.ERROR:
             return code
         try:
@@ -267,7 +271,18 @@ class Supervisor:
             return code  # no file: a real crash (or no torchrun)
         # a worker torchrun itself ended (SIGTERM once another worker had exited, even with
         # 75) says nothing of the job: the record, or the 1, does
+        self._launcher_reported = worker_code > 0
         return worker_code if worker_code > 0 else code
+
+    def _say_after_launcher(self, code: int, record: dict[str, Any] | None) -> None:
+        """torchrun ends a job whose worker stopped with its ChildFailedError traceback, the
+        last thing on the screen: one line after it says how the run ended, and where why."""
+        status = str((record or {}).get("status") or "ended")
+        if (record or {}).get("stop_reason"):
+            status += f" ({record['stop_reason']})"  # type: ignore[index]
+        print(f"prudent | {self.run_id} | {status}, exit {code}: torchrun's ChildFailedError "
+              "above only reports that exit; prudent's lines before it say why",
+              file=sys.stderr, flush=True)
 
     def _launch_and_wait(self) -> int:
         Path(self._error_file).unlink(missing_ok=True)  # a previous launch's
