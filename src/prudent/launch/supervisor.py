@@ -276,10 +276,12 @@ class Supervisor:
 
     def _say_after_launcher(self, code: int, record: dict[str, Any] | None) -> None:
         """torchrun ends a job whose worker stopped with its ChildFailedError traceback, the
-        last thing on the screen: one line after it says how the run ended, and where why."""
-        status = str((record or {}).get("status") or "ended")
-        if (record or {}).get("stop_reason"):
-            status += f" ({record['stop_reason']})"  # type: ignore[index]
+        last thing on the screen: one line after it says how the run ended, and where to read
+        why."""
+        record = record or {}
+        status = str(record.get("status") or "ended")
+        if record.get("stop_reason"):
+            status += f" ({record['stop_reason']})"
         print(f"prudent | {self.run_id} | {status}, exit {code}: torchrun's ChildFailedError "
               "above only reports that exit; prudent's lines before it say why",
               file=sys.stderr, flush=True)
