@@ -3,6 +3,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -203,22 +205,23 @@ def test_keyboard_interrupt_is_recorded_as_interrupted(settings: ProjectSettings
     assert (run.status, run.stop_reason) == ("stopped", "interrupted")
 
 
-def test_ctrl_c_outside_with_run_is_recorded_as_interrupted_not_failed(tmp_path: Path) -> None:
-    """A framework's fit (Keras, Hugging Face) lets Ctrl-C out of the script past every hook:
-    the run is closed at exit, and its record must say interrupted, as `with run:` does."""
-    import subprocess
-    import sys
-
-    code = ("import prudent\n"
-            "run = prudent.init(name='fit', exit_on_stop=False)\n"
-            "run.step(loss=1.0)\n"
-            "raise KeyboardInterrupt\n")
-    env = {**os.environ, "PRUDENT_HOME": str(tmp_path), "PRUDENT_CONSOLE": "off"}
+def run_script(home: Path, code: str) -> tuple[subprocess.CompletedProcess[str], Store]:
+    """``code`` run in an interpreter of its own (its signals, its exit), and its store."""
+    env = {**os.environ, "PRUDENT_HOME": str(home), "PRUDENT_CONSOLE": "off"}
     env.pop("PRUDENT_RUN_ID", None)
     child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                            timeout=120)
+    return child, Store.open(ProjectSettings.model_validate({"store": {"home": str(home)}}).store)
+
+
+def test_ctrl_c_outside_with_run_is_recorded_as_interrupted_not_failed(tmp_path: Path) -> None:
+    """A framework's fit (Keras, Hugging Face) lets Ctrl-C out of the script past every hook:
+    the run is closed at exit, and its record must say interrupted, as `with run:` does."""
+    child, store = run_script(tmp_path, "import prudent\n"
+                              "run = prudent.init(name='fit', exit_on_stop=False)\n"
+                              "run.step(loss=1.0)\n"
+                              "raise KeyboardInterrupt\n")
     assert child.returncode != 0 and "KeyboardInterrupt" in child.stderr
-    store = Store.open(ProjectSettings.model_validate({"store": {"home": str(tmp_path)}}).store)
     (row,) = store.list_runs()
     assert (row["status"], row["stop_reason"]) == ("stopped", "interrupted")
     store.close()
@@ -227,25 +230,18 @@ def test_ctrl_c_outside_with_run_is_recorded_as_interrupted_not_failed(tmp_path:
 def test_a_sigterm_while_the_run_ends_does_not_cut_its_record(tmp_path: Path) -> None:
     """torchrun sends SIGTERM to every rank once one failed: a rank already writing its end
     (the crash it names, its cost) must still write it, and exit with its own code."""
-    import subprocess
-    import sys
-
-    code = ("import os, signal, prudent\n"
-            "from prudent.kernel.events import Component\n"
-            "class TermAtEnd(Component):\n"
-            "    name = 'term_at_end'\n"
-            "    def on_end(self, run, status, stop_reason):\n"
-            "        os.kill(os.getpid(), signal.SIGTERM)\n"
-            "run = prudent.init(name='ending', exit_on_stop=False, components=[TermAtEnd()])\n"
-            "with run:\n"
-            "    run.step(loss=1.0)\n"
-            "print('after the block')\n")
-    env = {**os.environ, "PRUDENT_HOME": str(tmp_path), "PRUDENT_CONSOLE": "off"}
-    env.pop("PRUDENT_RUN_ID", None)
-    child = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           timeout=120)
+    child, store = run_script(tmp_path, "import os, signal, prudent\n"
+                              "from prudent.kernel.events import Component\n"
+                              "class TermAtEnd(Component):\n"
+                              "    name = 'term_at_end'\n"
+                              "    def on_end(self, run, status, stop_reason):\n"
+                              "        os.kill(os.getpid(), signal.SIGTERM)\n"
+                              "run = prudent.init(name='ending', exit_on_stop=False,\n"
+                              "                   components=[TermAtEnd()])\n"
+                              "with run:\n"
+                              "    run.step(loss=1.0)\n"
+                              "print('after the block')\n")
     assert (child.returncode, child.stdout) == (0, "after the block\n"), child.stderr
-    store = Store.open(ProjectSettings.model_validate({"store": {"home": str(tmp_path)}}).store)
     (row,) = store.list_runs()
     assert row["status"] == "completed"
     assert [e["message"] for e in store.events(row["id"]) if e["name"] == "end"] == ["completed"]
