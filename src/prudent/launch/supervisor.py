@@ -71,11 +71,10 @@ class Supervisor:
         self.restart_backoff_s = restart_backoff_s
         self.spec = spec or LaunchSpec()
         self.extra_env = dict(extra_env or {})
-        # torchrun's own error file (see _launched_code): the user's, or one of ours
+        # torchrun's own error file (see _reported_code): the user's, or one of ours
         self._error_file = os.environ.get(ENV_LAUNCHER_ERROR_FILE) or str(
             Path(tempfile.gettempdir()) / f"prudent-{self.run_id}-{os.getpid()}-launcher.json")
         self.forwarder = SignalForwarder("prudent: third signal, killing the training process")
-        self._launcher_reported = False  # torchrun reported a worker's stop (its traceback)
 
     @property
     def signals_seen(self) -> int:
@@ -132,7 +131,9 @@ class Supervisor:
         store = cast(Store, _BestEffortStore(registered_in))
         attempt = 0
         while True:
-            code = self._launched_code(self._launch_and_wait())
+            launched = self._launch_and_wait()
+            reported = self._reported_code(launched)  # torchrun's traceback said a worker's
+            code = reported or launched
             code = self._preempted_launcher(store, self._preempted_while_starting(store, code))
             if created and attempt == 0 and self._refused(store, code):
                 store.delete_run(self.run_id)  # nothing ran: no run to list
@@ -140,7 +141,7 @@ class Supervisor:
             self._close_record(store, code)
             record = store.get_run(self.run_id)  # this attempt's: running at each launch
             code = _job_code(code, record)
-            if self._launcher_reported:
+            if reported:
                 self._say_after_launcher(code, record)
             if not self._should_relaunch(code, attempt, record):
                 return code if code >= 0 else 128 - code
@@ -256,23 +257,22 @@ class Supervisor:
         print(f"prudent: {message} (exit {int(ExitCode.PREEMPTED)})", file=sys.stderr, flush=True)
         return int(ExitCode.PREEMPTED)
 
-    def _launched_code(self, code: int) -> int:
+    def _reported_code(self, code: int) -> int | None:
         """torchrun's 1 made this node's workers' code again: torchrun copies the first failed
         worker's error file (prudent's workers write one when they stop, ``tell_launcher``),
         with its exit code, into the file this supervisor gave it. The one way a node whose
-        ranks write no record (all but rank 0's) learns why they stopped."""
-        self._launcher_reported = False
+        ranks write no record (all but rank 0's) learns why they stopped. None: torchrun's
+        1 carried no worker's code (a real crash, or no torchrun), or it was not a 1."""
         if code != ExitCode.ERROR:
-            return code
+            return None
         try:
             error = json.loads(Path(self._error_file).read_text())
             worker_code = int(error["message"]["errorCode"])
         except (OSError, ValueError, KeyError, TypeError):
-            return code  # no file: a real crash (or no torchrun)
+            return None  # no file: a real crash (or no torchrun)
         # a worker torchrun itself ended (SIGTERM once another worker had exited, even with
         # 75) says nothing of the job: the record, or the 1, does
-        self._launcher_reported = worker_code > 0
-        return worker_code if worker_code > 0 else code
+        return worker_code if worker_code > 0 else None
 
     def _say_after_launcher(self, code: int, record: dict[str, Any] | None) -> None:
         """torchrun ends a job whose worker stopped with its ChildFailedError traceback, the
